@@ -1,0 +1,124 @@
+"""The fixed-size context a LongSpark drafter reads from its target (SPEC section 2).
+
+Three views per selected target layer:
+
+- the **boundary state**: the selected layers' hidden states at the last cached position;
+- the **recent window**: the last `W` K/V rows of the target cache, read as a view (never copied);
+- the **global summary**: `S_t = softmax(U K[1..t]^T / sqrt(d)) V[1..t]` for `m` learned queries `U` per KV head,
+  kept as one value vector and one log-normaliser per query and updated by folding in only new rows.
+
+`LongSparkContextState` holds the persistent part (summary + boundary) for one request; its size depends on the
+config alone. `prefix_summaries` computes the same summaries for many anchors at once for training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class DraftContext:
+    """What one drafting round attends to, for `N` requests (inference) or anchors (training).
+
+    Attributes:
+        boundary_states: `(N, D * hidden_size)`, the selected layers' hidden states at the boundary, concatenated.
+        window_keys / window_values: per draft layer, `(N, num_kv_heads, w, head_dim)` recent rows (`w <= W`).
+        window_mask: `(N, w)` bool, True for real rows; `None` when every row is real.
+        summary_values: per draft layer, `(N, num_kv_heads, m, head_dim)`, the global summary `S_t`.
+        positions: `(N,)` absolute position of the first block slot (= number of cached target rows `t`).
+    """
+
+    boundary_states: torch.Tensor
+    window_keys: list[torch.Tensor]
+    window_values: list[torch.Tensor]
+    window_mask: torch.Tensor | None
+    summary_values: list[torch.Tensor]
+    positions: torch.Tensor
+
+
+def summarize_rows(
+    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention summary of a set of rows.
+
+    Args:
+        queries: `(num_kv_heads, m, head_dim)` summary queries `U`.
+        keys / values: `(N, num_kv_heads, T, head_dim)`, with `T >= 1`.
+
+    Returns:
+        `(log_norm, out)`: `(N, num_kv_heads, m)` log-sum-exp of the scores and `(N, num_kv_heads, m, head_dim)`
+        the softmax-weighted values, both float32.
+    """
+    scale = queries.shape[-1] ** -0.5
+    scores = torch.einsum("hmd,nhtd->nhmt", queries.float(), keys.float()) * scale
+    log_norm = torch.logsumexp(scores, dim=-1)
+    out = torch.einsum("nhmt,nhtd->nhmd", torch.exp(scores - log_norm.unsqueeze(-1)), values.float())
+    return log_norm, out
+
+
+def merge_summaries(
+    log_norm_a: torch.Tensor, out_a: torch.Tensor, log_norm_b: torch.Tensor, out_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summary of the union of two disjoint row sets: `l = logaddexp(l_a, l_b)`, `o = e^(l_a-l) o_a + e^(l_b-l) o_b`."""
+    log_norm = torch.logaddexp(log_norm_a, log_norm_b)
+    weight_a = torch.exp(log_norm_a - log_norm).unsqueeze(-1)
+    weight_b = torch.exp(log_norm_b - log_norm).unsqueeze(-1)
+    return log_norm, weight_a * out_a + weight_b * out_b
+
+
+def prefix_summaries(
+    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, num_rows: torch.Tensor
+) -> torch.Tensor:
+    """Summaries of the prefixes `rows[0:t]` for many anchors at once: one causal prefix attention (training).
+
+    Args:
+        queries: `(num_kv_heads, m, head_dim)`.
+        keys / values: `(1, num_kv_heads, T, head_dim)`, one sequence's rows.
+        num_rows: `(A,)` prefix length `t >= 1` of each anchor.
+
+    Returns:
+        `(A, num_kv_heads, m, head_dim)`: `S_t` for each anchor, in the dtype of `values`.
+    """
+    num_kv_heads, m, head_dim = queries.shape
+    num_anchors = num_rows.shape[0]
+    rows = torch.arange(keys.shape[2], device=keys.device)
+    visible = rows[None, :] < num_rows[:, None]  # (A, T)
+    q = queries.to(keys.dtype).unsqueeze(1).expand(num_kv_heads, num_anchors, m, head_dim)
+    q = q.reshape(1, num_kv_heads, num_anchors * m, head_dim)
+    mask = visible.repeat_interleave(m, dim=0)[None, None]  # (1, 1, A*m, T)
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+    return out.view(num_kv_heads, num_anchors, m, head_dim).transpose(0, 1)
+
+
+class LongSparkContextState:
+    """Persistent per-request drafter state: global summary, rows absorbed, boundary states.
+
+    The summary keeps, per selected layer, a `(1, num_kv_heads, m)` log-normaliser and a `(1, num_kv_heads, m,
+    head_dim)` value in float32. `update` folds in the rows the target cache gained since the last round (all of
+    the prompt at prefill, in chunks of `chunk_size` rows, then at most `B + 1` rows per round).
+    """
+
+    def __init__(self, num_layers: int, chunk_size: int):
+        self.chunk_size = chunk_size
+        self.num_absorbed = 0
+        self.log_norms: list[torch.Tensor | None] = [None] * num_layers
+        self.summaries: list[torch.Tensor | None] = [None] * num_layers
+        self.boundary_states: torch.Tensor | None = None
+
+    def absorb(self, layer: int, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Folds rows `(1, num_kv_heads, n, head_dim)` into layer `layer`'s summary, `chunk_size` rows at a time."""
+        for start in range(0, keys.shape[2], self.chunk_size):
+            chunk = slice(start, start + self.chunk_size)
+            log_norm, out = summarize_rows(queries, keys[:, :, chunk], values[:, :, chunk])
+            if self.log_norms[layer] is not None:
+                log_norm, out = merge_summaries(self.log_norms[layer], self.summaries[layer], log_norm, out)
+            self.log_norms[layer], self.summaries[layer] = log_norm, out
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held between rounds (summary + boundary); fixed by the config, whatever the prefix length."""
+        tensors = [*self.log_norms, *self.summaries, self.boundary_states]
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)

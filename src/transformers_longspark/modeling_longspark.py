@@ -1,0 +1,231 @@
+"""The LongSpark drafter network (SPEC section 3).
+
+One forward serves training and inference: `B` block slots (the anchor token and `B - 1` masks) pass through `D`
+Qwen3-style layers; draft layer `j` attends, with one softmax and bidirectionally among the slots, to
+`[block; recent window of target layer S[j]; global summary of S[j]]`. The target's final norm and LM head give
+base logits, and a low-rank Markov correction `W_c(e_c(prev))` adds the dependence on the previous token.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, apply_rotary_pos_emb
+from transformers.utils import ModelOutput
+
+from .configuration_longspark import LongSparkConfig
+from .context_state import DraftContext
+from .targets import TargetModules, target_modules
+
+
+@dataclass
+class LongSparkDrafterOutput(ModelOutput):
+    """
+    Args:
+        logits: `(N, B, vocab_size)`; slot `i - 1` scores draft token `y_i`. Markov-corrected when
+            `previous_ids` was given, base logits otherwise.
+        base_logits: `(N, B, vocab_size)`, before the Markov correction.
+    """
+
+    logits: torch.Tensor | None = None
+    base_logits: torch.Tensor | None = None
+
+
+class LongSparkAttention(nn.Module):
+    """Attention of the block slots over `[block; recent window; summary]` with a single softmax."""
+
+    def __init__(self, config: LongSparkConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+        )
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+        self.q_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.k_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        context_keys: list[torch.Tensor],
+        context_values: list[torch.Tensor],
+        key_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """
+        Args:
+            hidden_states: `(N, B, hidden_size)`.
+            position_embeddings: target RoPE `(cos, sin)`, each `(N, B, head_dim)`, at absolute block positions.
+            context_keys / context_values: `(N, num_kv_heads, *, head_dim)` tensors appended after the block keys
+                (recent window, then summary queries `U` / summary values `S_t`).
+            key_mask: `(N, 1, 1, B + context)` bool, False for padded window rows; `None` when nothing is padded.
+        """
+        n, b, _ = hidden_states.shape
+        q = self.q_norm(self.q_proj(hidden_states).view(n, b, self.num_heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(hidden_states).view(n, b, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(hidden_states).view(n, b, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = position_embeddings
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        keys = torch.cat([k, *(t.to(k.dtype) for t in context_keys)], dim=2)
+        values = torch.cat([v, *(t.to(v.dtype) for t in context_values)], dim=2)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=key_mask, enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(n, b, -1))
+
+
+class LongSparkDecoderLayer(nn.Module):
+    """Pre-norm Qwen3-style block: `h += attn(norm(h))`, `h += mlp(norm(h))`."""
+
+    def __init__(self, config: LongSparkConfig):
+        super().__init__()
+        self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.self_attn = LongSparkAttention(config)
+        self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = Qwen3MLP(config)
+
+    def forward(self, hidden_states, position_embeddings, context_keys, context_values, key_mask) -> torch.Tensor:
+        attn = self.self_attn(
+            self.input_layernorm(hidden_states), position_embeddings, context_keys, context_values, key_mask
+        )
+        hidden_states = hidden_states + attn
+        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+
+
+class LongSparkPreTrainedModel(PreTrainedModel):
+    config: LongSparkConfig
+    config_class = LongSparkConfig
+    base_model_prefix = "longspark"
+    main_input_name = "block_ids"
+    _supports_sdpa = True
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, LongSparkDrafterModel):
+            # SPEC section 4: summary queries U ~ N(0, 1/d); the Markov correction starts neutral.
+            init.normal_(module.summary_queries, mean=0.0, std=self.config.head_dim**-0.5)
+            init.zeros_(module.markov_proj.weight)
+
+
+class LongSparkDrafterModel(LongSparkPreTrainedModel):
+    """The LongSpark drafter. Pass it as `assistant_model` to `target.generate` after `import transformers_longspark`.
+
+    It owns only its own weights; the target's embedding, final norm, LM head and RoPE are bound at run time by
+    `bind_target` (the generation hook and the trainer do this).
+    """
+
+    def __init__(self, config: LongSparkConfig):
+        super().__init__(config)
+        d, h = config.num_draft_layers, config.hidden_size
+        self.block_positions = nn.Embedding(config.block_size, h)
+        self.fuse_boundary = nn.Linear(d * h, h, bias=False)
+        self.boundary_norm = Qwen3RMSNorm(h, eps=config.rms_norm_eps)
+        self.project_inputs = nn.Linear(2 * h, h, bias=False)
+        self.layers = nn.ModuleList([LongSparkDecoderLayer(config) for _ in range(d)])
+        self.summary_queries = nn.Parameter(
+            torch.empty(d, config.num_key_value_heads, config.num_summary_queries, config.head_dim)
+        )
+        self.markov_embed = nn.Embedding(config.vocab_size, config.markov_rank)
+        self.markov_proj = nn.Linear(config.markov_rank, config.vocab_size, bias=False)
+        self._target: TargetModules | None = None
+        self.drafting_stats = None  # a `DraftingStats`, set by each assisted `generate` call
+        self.post_init()
+
+    def bind_target(self, target: PreTrainedModel) -> None:
+        """Uses `target`'s embedding, final norm, LM head and rotary embedding (frozen, not stored)."""
+        self._target = target_modules(target)
+
+    @property
+    def target(self) -> TargetModules:
+        if self._target is None:
+            raise ValueError(
+                "The drafter is not bound to a target. Pass it as `assistant_model=` to `target.generate(...)` after "
+                "`import transformers_longspark`, or call `drafter.bind_target(target)`."
+            )
+        return self._target
+
+    def markov_correction(self, previous_ids: torch.LongTensor) -> torch.Tensor:
+        """`W_c(e_c(prev))`: `(..., vocab_size)` logit correction given the previous token ids `(...)`."""
+        return self.markov_proj(self.markov_embed(previous_ids))
+
+    def forward(
+        self,
+        block_ids: torch.LongTensor,
+        context: DraftContext,
+        previous_ids: torch.LongTensor | None = None,
+    ) -> LongSparkDrafterOutput:
+        """
+        Args:
+            block_ids: `(N, B)` slot tokens `[a, MASK, ..., MASK]`.
+            context: the boundary states, recent windows and summaries of the `N` requests/anchors.
+            previous_ids: `(N, B)` token preceding each draft token (`[a, y_1, ..., y_{B-1}]`). Given in training
+                (teacher forcing); at inference the candidate generator applies the correction token by token.
+        """
+        config, target = self.config, self.target
+        n, b = block_ids.shape
+        hidden = target.embed_tokens(block_ids).to(self.dtype) + self.block_positions.weight[:b]
+        boundary = context.boundary_states.to(self.dtype)
+        if not config.use_boundary_state:
+            boundary = torch.zeros_like(boundary)
+        boundary = self.boundary_norm(self.fuse_boundary(boundary))
+        hidden = self.project_inputs(torch.cat([hidden, boundary[:, None].expand(n, b, -1)], dim=-1))
+
+        positions = context.positions[:, None] + torch.arange(b, device=block_ids.device)
+        position_embeddings = target.rotary_emb(hidden, positions)
+        key_mask = self._key_mask(context, n, b)
+        for j, layer in enumerate(self.layers):
+            keys, values = [], []
+            if context.window_keys:
+                keys.append(context.window_keys[j])
+                values.append(context.window_values[j])
+            if context.summary_values:
+                keys.append(self.summary_queries[j][None].expand(n, -1, -1, -1))
+                values.append(context.summary_values[j])
+            hidden = layer(hidden, position_embeddings, keys, values, key_mask)
+
+        base_logits = target.lm_head(target.norm(hidden).to(target.lm_head.weight.dtype)).float()
+        logits = base_logits if previous_ids is None else base_logits + self.markov_correction(previous_ids).float()
+        return LongSparkDrafterOutput(logits=logits, base_logits=base_logits)
+
+    def _key_mask(self, context: DraftContext, n: int, b: int) -> torch.Tensor | None:
+        if context.window_mask is None or not context.window_keys:
+            return None
+        ones = context.window_mask.new_ones
+        summary = ones(n, self.config.num_summary_queries if context.summary_values else 0)
+        return torch.cat([ones(n, b), context.window_mask, summary], dim=1)[:, None, None, :]
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *args, **kwargs):
+        """Loads a drafter from safetensors only, and raises `ValueError` on missing or unexpected tensors."""
+        path = Path(pretrained_model_name_or_path)
+        if path.is_dir() and not any(path.glob("*.safetensors")):
+            found = sorted(p.name for p in path.iterdir() if p.suffix in {".bin", ".pt", ".pth", ".pkl", ".ckpt"})
+            raise ValueError(
+                f"{path} holds no safetensors weights{f' (found {found})' if found else ''}. LongSpark never "
+                "unpickles checkpoints; convert them with `safetensors.torch.save_file` or `save_pretrained`."
+            )
+        kwargs["use_safetensors"] = True
+        model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs)
+        problems = {k: sorted(info.get(k) or []) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+        problems = {k: v for k, v in problems.items() if v}
+        if problems:
+            details = "; ".join(f"{k.replace('_', ' ')}: {v}" for k, v in problems.items())
+            raise ValueError(
+                f"The checkpoint at {pretrained_model_name_or_path} does not match LongSparkDrafterModel ({details}). "
+                "Save drafters with `save_pretrained`, which writes exactly the drafter's own tensors."
+            )
+        return model
+
+
+__all__ = ["LongSparkDrafterModel", "LongSparkPreTrainedModel", "LongSparkDrafterOutput"]
