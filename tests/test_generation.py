@@ -1,0 +1,189 @@
+"""Assisted generation with a LongSpark drafter is lossless: greedy equality, and the exact law when sampling."""
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from transformers import GenerationConfig, TextStreamer
+from transformers.generation import utils as generation_utils
+
+from conftest import bigram_logits, make_bigram_target, make_drafter, make_oracle_drafter, make_target
+
+WINDOW, BLOCK = 8, 4
+
+
+def greedy_pair(target, drafter, prompt, **kwargs):
+    reference = target.generate(prompt, do_sample=False, **kwargs)
+    assisted = target.generate(prompt, do_sample=False, assistant_model=drafter, **kwargs)
+    return reference, assisted
+
+
+@pytest.mark.parametrize("prompt_length", [3, WINDOW, WINDOW + 1, 5 * WINDOW])
+@pytest.mark.parametrize("max_new_tokens", [1, 2, BLOCK, BLOCK + 1, 40])
+def test_greedy_equals_target_with_random_drafter(target_kind, prompt_length, max_new_tokens):
+    target = make_target(target_kind)
+    drafter = make_drafter(target, window_size=WINDOW, block_size=BLOCK)
+    prompt = torch.randint(0, 64, (1, prompt_length), generator=torch.Generator().manual_seed(prompt_length))
+    reference, assisted = greedy_pair(target, drafter, prompt, max_new_tokens=max_new_tokens)
+    assert torch.equal(reference, assisted)
+    assert assisted.shape[1] == prompt_length + max_new_tokens
+
+
+@pytest.mark.parametrize("agree_on", [None, lambda ids: ids % 3 != 0], ids=["full", "partial"])
+@pytest.mark.parametrize("max_new_tokens", [1, 2, BLOCK, BLOCK + 1, 30])
+def test_greedy_equals_target_when_drafts_are_accepted(target_kind, agree_on, max_new_tokens):
+    target = make_bigram_target(target_kind, vocab_size=64, seed=2)
+    drafter = make_oracle_drafter(target, agree_on=agree_on, window_size=WINDOW, block_size=BLOCK)
+    prompt = torch.tensor([[5, 9, 28]])
+    reference, assisted = greedy_pair(target, drafter, prompt, max_new_tokens=max_new_tokens)
+    assert torch.equal(reference, assisted)
+    stats = drafter.drafting_stats
+    if agree_on is None and max_new_tokens == 30:
+        assert (max_new_tokens - 1) / stats.rounds > BLOCK  # whole blocks are accepted
+
+
+def test_eos_inside_a_drafted_block(target_kind):
+    target = make_bigram_target(target_kind, vocab_size=64, seed=2)
+    drafter = make_oracle_drafter(target, window_size=WINDOW, block_size=BLOCK)
+    prompt = torch.tensor([[5, 9, 28]])
+    chain = target.generate(prompt, max_new_tokens=8, do_sample=False)[0, 3:].tolist()
+    assert len(set(chain[:4])) == 4, "the test needs a greedy chain without early repeats"
+    eos = chain[2]  # first generated token comes from prefill; the first block drafts chain[1], chain[2]=EOS, ...
+    reference, assisted = greedy_pair(target, drafter, prompt, max_new_tokens=20, eos_token_id=eos)
+    assert torch.equal(reference, assisted)
+    assert assisted[0, -1].item() == eos and assisted.shape[1] == 3 + 3
+    assert drafter.drafting_stats.drafted_tokens == 2  # the block was cut at the EOS
+
+
+def test_streamer_and_dict_outputs():
+    target = make_bigram_target("qwen3", vocab_size=64, seed=2)
+    drafter = make_oracle_drafter(target, agree_on=lambda ids: ids % 2 == 0, block_size=BLOCK)
+    prompt = torch.tensor([[5, 9, 28]])
+
+    class Collect(TextStreamer):
+        def __init__(self):
+            self.tokens = []
+
+        def put(self, value):
+            self.tokens += value.flatten().tolist()
+
+        def end(self):
+            pass
+
+    streamer = Collect()
+    kwargs = dict(max_new_tokens=12, do_sample=False, return_dict_in_generate=True, output_scores=True)
+    reference = target.generate(prompt, **kwargs)
+    assisted = target.generate(prompt, assistant_model=drafter, streamer=streamer, **kwargs)
+    assert torch.equal(reference.sequences, assisted.sequences)
+    assert streamer.tokens == assisted.sequences[0].tolist()
+    assert len(assisted.scores) == 12
+    for ref_scores, scores in zip(reference.scores, assisted.scores):
+        torch.testing.assert_close(ref_scores, scores, rtol=1e-4, atol=1e-4)
+
+
+def test_generation_without_a_longspark_drafter_is_unchanged():
+    target = make_target("llama")
+    prompt = torch.randint(0, 64, (1, 6))
+    plain = target.generate(prompt, max_new_tokens=8, do_sample=False)
+    lookup = target.generate(prompt, max_new_tokens=8, do_sample=False, prompt_lookup_num_tokens=3)
+    assert torch.equal(plain, lookup)
+
+
+def test_draft_logits_are_the_distributions_the_candidates_were_sampled_from(monkeypatch):
+    """With every sampling option on, the logits handed to the verifier are the processed ones: tokens outside the
+    top-k are -inf in them, and every drafted token is finite there."""
+    target = make_target("qwen3")
+    drafter = make_drafter(target, block_size=BLOCK)
+    seen = []
+    original = generation_utils._speculative_sampling
+
+    def spy(candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs):
+        seen.append((candidate_input_ids[0, -candidate_length:], candidate_logits[0]))
+        return original(candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs)
+
+    monkeypatch.setattr(generation_utils, "_speculative_sampling", spy)
+    options = dict(do_sample=True, temperature=0.7, top_k=5, top_p=0.9, repetition_penalty=1.3, max_new_tokens=20)
+    target.generate(torch.randint(0, 64, (1, 6)), assistant_model=drafter, **options)
+    assert seen
+    for tokens, logits in seen:
+        finite = torch.isfinite(logits)
+        assert (finite.sum(-1) <= 5).all()
+        assert finite[torch.arange(len(tokens)), tokens].all()
+
+
+# --- sampling is lossless: chi-square test of the joint law of the first three sampled tokens -------------------
+
+SAMPLING = dict(do_sample=True, temperature=0.9, top_k=4, repetition_penalty=1.2)
+VOCAB, NEW_TOKENS, DRAWS = 6, 3, 2000
+
+
+def exact_law(target, prompt) -> torch.Tensor:
+    """`(V, V, V)` probability of each 3-token continuation under the target with the SAMPLING processors."""
+
+    def next_law(prefix):
+        out = target.generate(prefix, max_new_tokens=1, output_scores=True, return_dict_in_generate=True, **SAMPLING)
+        return out.scores[0][0].softmax(-1)
+
+    law = torch.zeros(VOCAB, VOCAB, VOCAB, dtype=torch.float64)
+    first = next_law(prompt)
+    for a in range(VOCAB):
+        second = next_law(torch.cat([prompt, torch.tensor([[a]])], 1))
+        for b in range(VOCAB):
+            third = next_law(torch.cat([prompt, torch.tensor([[a, b]])], 1))
+            law[a, b] = first[a] * second[b] * third
+    return law
+
+
+def sampled_counts(target, drafter, prompt) -> torch.Tensor:
+    torch.manual_seed(1234)
+    counts = torch.zeros(VOCAB**NEW_TOKENS, dtype=torch.float64)
+    for _ in range(DRAWS):
+        out = target.generate(prompt, max_new_tokens=NEW_TOKENS, assistant_model=drafter, **SAMPLING)
+        a, b, c = out[0, prompt.shape[1] :].tolist()
+        counts[(a * VOCAB + b) * VOCAB + c] += 1
+    return counts
+
+
+def chi_square_pvalue(counts, law) -> float:
+    expected = law.flatten() / law.sum() * counts.sum()
+    keep = expected > 0
+    assert counts[~keep].sum() == 0, "a continuation of probability zero was sampled"
+    # Pool the rare cells so that every expected count is >= 5.
+    rare = keep & (expected < 5)
+    observed = torch.cat([counts[keep & ~rare], counts[rare].sum().view(1)])
+    expected = torch.cat([expected[keep & ~rare], expected[rare].sum().view(1)])
+    return float(chisquare(observed.numpy(), expected.numpy()).pvalue)
+
+
+def broken_speculative_sampling(candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs):
+    """A deliberately wrong verifier: after a rejection it resamples from p instead of norm(max(p - q, 0))."""
+    drafted = candidate_input_ids[:, -candidate_length:]
+    q, p = candidate_logits.softmax(-1), new_logits.softmax(-1)
+    positions = torch.arange(candidate_length)
+    ratio = p[0, positions, drafted[0]] / q[0, positions, drafted[0]]
+    n_matches = int(torch.cumprod((torch.rand_like(ratio) <= ratio).long(), 0).sum())
+    token = torch.multinomial(p[:, n_matches], 1)
+    return torch.cat([drafted[:, :n_matches], token], dim=1), n_matches
+
+
+@pytest.fixture(scope="module")
+def sampling_setup():
+    """A bigram target with a spread-out law, and a drafter whose law overlaps it without equalling it: many drafts
+    are accepted and many rejected, so both the acceptance test and the residual resampling are exercised."""
+    target = make_bigram_target("llama", vocab_size=VOCAB, seed=3, temperature=0.05)
+    drafter = make_oracle_drafter(target, strength=2.0, block_size=3, seed=5)
+    prompt = torch.tensor([[1, 4, 2, 5]])
+    return target, drafter, prompt, exact_law(target, prompt)
+
+
+def test_sampling_matches_the_exact_target_law(sampling_setup):
+    target, drafter, prompt, law = sampling_setup
+    counts = sampled_counts(target, drafter, prompt)
+    assert drafter.drafting_stats.drafted_tokens > 0
+    assert chi_square_pvalue(counts, law) > 1e-3
+
+
+def test_chi_square_detects_a_broken_verifier(sampling_setup, monkeypatch):
+    target, drafter, prompt, law = sampling_setup
+    monkeypatch.setattr(generation_utils, "_speculative_sampling", broken_speculative_sampling)
+    counts = sampled_counts(target, drafter, prompt)
+    assert chi_square_pvalue(counts, law) < 1e-6
