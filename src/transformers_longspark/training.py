@@ -1,0 +1,428 @@
+"""Distilling a LongSpark drafter from its frozen target (SPEC section 4).
+
+For each sequence, ONE target forward gives every anchor's context: the selected layers' hidden states (boundary
+states), their K/V rows (recent windows, and the global summaries through one causal prefix attention of the
+summary queries) and the final hidden states (the target distributions `p_i`). The drafter then runs the same
+forward as at inference on all anchors at once, with the Markov correction fed the true predecessors, and the loss
+`L_i = w_i [lam * CE + (1 - lam) * ||p_i - q_i||_1]`, `w_i = exp(-(i - 1) / decay)`, is normalised by the weights.
+
+Runs on one CPU as it is, and on many GPUs under `accelerate launch` (DDP; for FSDP see the README).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import yaml
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from tqdm.auto import tqdm
+
+from .configuration_longspark import LongSparkConfig
+from .context_state import DraftContext, prefix_summaries
+from .modeling_longspark import LongSparkDrafterModel
+from .targets import HiddenStateCapture, check_target_compatible, target_modules
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainingConfig:
+    """A training run; `longspark train --config FILE` reads these fields from YAML or JSON."""
+
+    output_dir: str
+    train_data: str
+    eval_data: str | None = None
+    target: str = "smollm2"  # a local model folder, or "smollm2" for the offline demo target
+    drafter: dict[str, Any] = field(default_factory=dict)  # LongSparkConfig overrides, ablation switches included
+    init_drafter: str | None = None  # start from a saved drafter instead of a fresh one
+    max_seq_len: int = 4096
+    anchors_per_sequence: int = 512
+    sequences_per_step: int = 1
+    gradient_accumulation_steps: int = 64
+    learning_rate: float = 6e-4
+    warmup_ratio: float = 0.04
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    epochs: int = 10
+    max_steps: int | None = None
+    ce_weight: float = 0.1  # lam in the loss
+    position_decay: float = 4.0  # w_i = exp(-(i - 1) / position_decay)
+    checkpoint_every: int = 100
+    eval_every: int = 100
+    eval_sequences: int = 16
+    tau_prompts: int = 4
+    tau_new_tokens: int = 96
+    seed: int = 0
+    num_threads: int | None = None
+    mixed_precision: str = "auto"  # "auto": bf16 autocast on GPU, fp32 on CPU
+
+    @classmethod
+    def from_file(cls, path: str | Path, **overrides: Any) -> TrainingConfig:
+        values = yaml.safe_load(Path(path).read_text()) or {}
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        unknown = set(values) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"Unknown training config fields {sorted(unknown)} in {path}.")
+        return cls(**values)
+
+
+# --- data -------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Sequence:
+    """One regenerated chat: `ids` = templated prompt + target response; anchors lie in the response."""
+
+    ids: torch.LongTensor
+    prompt_length: int
+
+
+def load_sequences(path: str | Path, max_seq_len: int) -> list[Sequence]:
+    """Reads the JSONL records written by `longspark regenerate` (`prompt_ids`, `response_ids`), sorted by id."""
+    files = sorted(Path(path).glob("*.jsonl")) if Path(path).is_dir() else [Path(path)]
+    records = []
+    for file in files:
+        for line in file.read_text().splitlines():
+            if line.strip():
+                records.append(json.loads(line))
+    if not records:
+        raise ValueError(f"No records in {path}; create them with `longspark regenerate`.")
+    records.sort(key=lambda r: r["id"])
+    sequences = []
+    for record in records:
+        ids = (record["prompt_ids"] + record["response_ids"])[:max_seq_len]
+        if len(ids) - len(record["prompt_ids"]) >= 2:
+            sequences.append(Sequence(torch.tensor(ids), len(record["prompt_ids"])))
+    return sequences
+
+
+def sample_anchors(sequence: Sequence, max_anchors: int, generator: torch.Generator) -> torch.LongTensor:
+    """Up to `max_anchors` distinct anchors `t` (cached rows) with `a = ids[t]` in the response, sorted."""
+    low, high = sequence.prompt_length, len(sequence.ids) - 1  # t in [prompt_length, T - 2]
+    candidates = torch.arange(low, high)
+    if len(candidates) > max_anchors:
+        candidates = candidates[torch.randperm(len(candidates), generator=generator)[:max_anchors]].sort().values
+    return candidates
+
+
+# --- teacher-forced views and the loss ------------------------------------------------------------------------
+
+
+@dataclass
+class TeacherForcedBatch:
+    """Everything one drafter forward and the loss need, for `A` anchors of one sequence."""
+
+    block_ids: torch.LongTensor  # (A, B): [a, MASK, ...]
+    previous_ids: torch.LongTensor  # (A, B): true predecessor of each draft token
+    labels: torch.LongTensor  # (A, B): x[t+1+i]
+    valid: torch.BoolTensor  # (A, B): label exists
+    target_logits: torch.Tensor  # (A, B, V): target logits for each label (teacher forcing)
+    context: DraftContext
+
+
+@torch.no_grad()
+def _target_pass(target, config: LongSparkConfig, ids: torch.LongTensor):
+    """One forward of the frozen target: selected hidden states, selected K/V rows, final normed hidden states."""
+    from transformers import DynamicCache
+
+    modules = target_modules(target)
+    capture = HiddenStateCapture(modules.layers, config.target_layer_ids, keep=None)
+    cache = DynamicCache(config=target.config)
+    try:
+        final_hidden = target.get_decoder()(input_ids=ids[None], cache=cache, use_cache=True).last_hidden_state
+    finally:
+        capture.remove()
+    kv = [(cache.layers[i].keys, cache.layers[i].values) for i in config.target_layer_ids]
+    return capture.states, kv, final_hidden[0]
+
+
+def teacher_forced_batch(
+    target, drafter: LongSparkDrafterModel, sequence: Sequence, anchors: torch.LongTensor
+) -> TeacherForcedBatch:
+    """Builds the anchors' context views from one target pass, exactly as inference would see them."""
+    config = drafter.config
+    ids = sequence.ids.to(drafter.device)
+    anchors = anchors.to(ids.device)
+    hidden, kv, final_hidden = _target_pass(target, config, ids)
+    num_rows = ids.shape[0]
+    b, steps = config.block_size, torch.arange(config.block_size, device=ids.device)
+
+    label_positions = anchors[:, None] + 1 + steps  # x[t+1+i], i = 0..B-1
+    valid = label_positions < num_rows
+    label_positions = label_positions.clamp(max=num_rows - 1)
+    labels = ids[label_positions]
+    previous_ids = ids[label_positions - 1]
+    block_ids = torch.full_like(labels, config.mask_token_id)
+    block_ids[:, 0] = ids[anchors]
+    modules = target_modules(target)
+    with torch.no_grad():
+        target_logits = modules.lm_head(final_hidden[label_positions - 1]).float()
+
+    boundary = torch.cat([h[0, anchors - 1] for h in hidden], dim=-1)
+    window_keys, window_values, window_mask = [], [], None
+    use_window = config.use_recent_window or config.full_prefix_context
+    if use_window:
+        width = int(anchors.max()) if config.full_prefix_context else config.window_size
+        rows = anchors[:, None] - width + torch.arange(width, device=ids.device)  # (A, width), right-aligned
+        window_mask = rows >= 0
+        rows = rows.clamp(min=0)
+        for keys, values in kv:
+            window_keys.append(keys[0][:, rows].transpose(0, 1))  # (A, kv_heads, width, d)
+            window_values.append(values[0][:, rows].transpose(0, 1))
+    summary_values = []
+    if config.use_global_summary and not config.full_prefix_context:
+        for j, (keys, values) in enumerate(kv):
+            summary_values.append(prefix_summaries(drafter.summary_queries[j], keys, values, anchors))
+    context = DraftContext(boundary, window_keys, window_values, window_mask, summary_values, anchors)
+    return TeacherForcedBatch(block_ids, previous_ids, labels, valid, target_logits, context)
+
+
+def draft_loss(
+    logits: torch.Tensor,
+    target_logits: torch.Tensor,
+    labels: torch.LongTensor,
+    valid: torch.BoolTensor,
+    ce_weight: float = 0.1,
+    position_decay: float = 4.0,
+) -> torch.Tensor:
+    """`sum_i w_i [lam * -log q_i(x) + (1 - lam) * ||p_i - q_i||_1] / sum_i w_i` over valid positions.
+
+    Args:
+        logits / target_logits: `(A, B, V)` drafter and target logits; labels / valid: `(A, B)`.
+    """
+    log_q = F.log_softmax(logits.float(), dim=-1)
+    nll = -log_q.gather(-1, labels[..., None])[..., 0]
+    l1 = (F.softmax(target_logits.float(), dim=-1) - log_q.exp()).abs().sum(-1)
+    positions = torch.arange(labels.shape[1], device=labels.device, dtype=torch.float32)
+    weights = torch.exp(-positions / position_decay)[None].expand_as(nll) * valid
+    per_position = ce_weight * nll + (1.0 - ce_weight) * l1
+    return (weights * per_position).sum() / weights.sum()
+
+
+def sequence_loss(target, drafter, sequence: Sequence, anchors: torch.LongTensor, config: TrainingConfig):
+    model = drafter.module if hasattr(drafter, "module") else drafter
+    batch = teacher_forced_batch(target, model, sequence, anchors)
+    logits = drafter(batch.block_ids, batch.context, batch.previous_ids).logits
+    return draft_loss(logits, batch.target_logits, batch.labels, batch.valid, config.ce_weight, config.position_decay)
+
+
+# --- the run ----------------------------------------------------------------------------------------------------
+
+
+def load_target(name_or_path: str, device: torch.device, dtype: torch.dtype = torch.float32):
+    """The frozen target and its tokenizer: "smollm2" (offline demo) or a local folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if name_or_path == "smollm2":
+        from .demo_target import load_smollm2
+
+        target, tokenizer = load_smollm2(dtype)
+    else:
+        target = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    target.requires_grad_(False).eval().to(device)
+    return target, tokenizer
+
+
+def build_drafter(config: TrainingConfig, target) -> LongSparkDrafterModel:
+    if config.init_drafter:
+        drafter = LongSparkDrafterModel.from_pretrained(config.init_drafter, dtype=torch.float32)
+    else:
+        drafter = LongSparkDrafterModel(LongSparkConfig.from_target_config(target.config, **config.drafter))
+    check_target_compatible(drafter.config, target)
+    drafter.bind_target(target)
+    return drafter
+
+
+def cosine_schedule(optimizer, total_steps: int, warmup_ratio: float):
+    warmup = max(1, int(total_steps * warmup_ratio))
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+class Trainer:
+    """Owns one run: data order, optimisation, checkpoints (`output_dir/checkpoint-STEP`), evaluation and logs."""
+
+    def __init__(self, config: TrainingConfig, target=None, tokenizer=None):
+        self.config = config
+        precision = config.mixed_precision
+        if precision == "auto":
+            precision = "bf16" if torch.cuda.is_available() else "no"
+        self.accelerator = Accelerator(gradient_accumulation_steps=config.gradient_accumulation_steps,
+                                       mixed_precision=precision)  # fmt: skip
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        set_seed(config.seed)
+        device = self.accelerator.device
+        if target is None:
+            target, tokenizer = load_target(config.target, device)
+        self.target, self.tokenizer = target, tokenizer
+        self.train_sequences = load_sequences(config.train_data, config.max_seq_len)
+        self.eval_sequences = (
+            load_sequences(config.eval_data, config.max_seq_len)[: config.eval_sequences] if config.eval_data else []
+        )
+        drafter = build_drafter(config, target)
+        optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.learning_rate,
+                                      weight_decay=config.weight_decay, betas=(0.9, 0.95))  # fmt: skip
+        self.total_steps = self._total_steps()
+        # accelerate steps a prepared scheduler once per process per optimizer step.
+        scheduler = cosine_schedule(optimizer, self.total_steps * self.accelerator.num_processes, config.warmup_ratio)
+        self.drafter, self.optimizer, self.scheduler = self.accelerator.prepare(drafter, optimizer, scheduler)
+        self.step = 0
+        self.output_dir = Path(config.output_dir)
+        self.log_path = self.output_dir / "log.jsonl"
+        self.tensorboard = self._tensorboard()
+
+    @property
+    def model(self) -> LongSparkDrafterModel:
+        return self.accelerator.unwrap_model(self.drafter)
+
+    def _total_steps(self) -> int:
+        c = self.config
+        per_epoch = len(self.train_sequences) // (c.sequences_per_step * self.accelerator.num_processes)
+        steps = max(1, per_epoch * c.epochs // c.gradient_accumulation_steps)
+        return min(steps, c.max_steps) if c.max_steps else steps
+
+    def _tensorboard(self):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            return None
+        return SummaryWriter(str(self.output_dir / "tensorboard")) if self.accelerator.is_main_process else None
+
+    def _micro_batches(self):
+        """Deterministic (seed, epoch) order of this process's sequences, endless; position = micro-batch index."""
+        c, n = self.config, self.accelerator.num_processes
+        epoch = 0
+        while True:
+            order = torch.randperm(len(self.train_sequences), generator=torch.Generator().manual_seed(c.seed + epoch))
+            order = order[self.accelerator.process_index :: n].tolist()
+            for start in range(0, len(order) - c.sequences_per_step + 1, c.sequences_per_step):
+                yield [self.train_sequences[i] for i in order[start : start + c.sequences_per_step]]
+            epoch += 1
+
+    def train(self, resume: bool = False) -> Path:
+        c = self.config
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        if resume:
+            self._load_latest_checkpoint()
+        micro_batches = self._micro_batches()
+        for _ in range(self.step * c.gradient_accumulation_steps):  # skip what the resumed run already consumed
+            next(micro_batches)
+        progress = tqdm(total=self.total_steps, initial=self.step, disable=not self.accelerator.is_main_process,
+                        desc="train", dynamic_ncols=True)  # fmt: skip
+        self.drafter.train()
+        while self.step < self.total_steps:
+            started, losses = time.perf_counter(), []
+            # Anchors depend on (seed, step) alone, so a resumed run draws the same anchors as an uninterrupted one.
+            anchor_rng = torch.Generator().manual_seed(c.seed * 1_000_003 + self.step)
+            for _ in range(c.gradient_accumulation_steps):
+                with self.accelerator.accumulate(self.drafter), self.accelerator.autocast():
+                    sequences = next(micro_batches)
+                    loss = sum(
+                        sequence_loss(self.target, self.drafter, s,
+                                      sample_anchors(s, c.anchors_per_sequence, anchor_rng), c)  # fmt: skip
+                        for s in sequences
+                    ) / len(sequences)
+                    self.accelerator.backward(loss)
+                    if self.accelerator.sync_gradients:
+                        self.accelerator.clip_grad_norm_(self.drafter.parameters(), c.max_grad_norm)
+                    self.optimizer.step()
+                    self.scheduler.step()
+                    self.optimizer.zero_grad()
+                losses.append(loss.item())
+            self.step += 1
+            progress.update(1)
+            record = {"step": self.step, "loss": sum(losses) / len(losses), "lr": self.scheduler.get_last_lr()[0],
+                      "seconds": time.perf_counter() - started}  # fmt: skip
+            progress.set_postfix(loss=f"{record['loss']:.4f}")
+            if self.step % c.eval_every == 0 or self.step == self.total_steps:
+                record.update(self.evaluate())
+            self._log(record)
+            if self.step % c.checkpoint_every == 0 or self.step == self.total_steps:
+                self.save_checkpoint()
+        progress.close()
+        final = self.output_dir / "final"
+        if self.accelerator.is_main_process:
+            self.model.save_pretrained(final)
+        return final
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Held-out loss (all response anchors of the first `eval_sequences` sequences) and greedy tau."""
+        c, model = self.config, self.model
+        model.eval()
+        results = {}
+        if self.eval_sequences:
+            generator = torch.Generator().manual_seed(0)
+            losses = [sequence_loss(self.target, model, s, sample_anchors(s, c.anchors_per_sequence, generator), c)
+                      for s in self.eval_sequences]  # fmt: skip
+            results["eval_loss"] = float(sum(losses) / len(losses))
+            if c.tau_prompts:
+                results["eval_tau"] = self.measure_tau(self.eval_sequences[: c.tau_prompts])
+        model.train()
+        return results
+
+    def measure_tau(self, sequences: list[Sequence]) -> float:
+        """Greedy `generate(assistant_model=drafter)` on the sequences' prompts: (new tokens - 1) / rounds."""
+        new_tokens = rounds = 0
+        for s in sequences:
+            prompt = s.ids[None, : s.prompt_length].to(self.target.device)
+            out = self.target.generate(prompt, max_new_tokens=self.config.tau_new_tokens, do_sample=False,
+                                       assistant_model=self.model)  # fmt: skip
+            new_tokens += out.shape[1] - prompt.shape[1] - 1
+            rounds += self.model.drafting_stats.rounds
+        return new_tokens / max(1, rounds)
+
+    def _log(self, record: dict) -> None:
+        if not self.accelerator.is_main_process:
+            return
+        with self.log_path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.tensorboard is not None:
+            for key, value in record.items():
+                if key != "step":
+                    self.tensorboard.add_scalar(key, value, self.step)
+        logger.info(json.dumps(record))
+
+    def save_checkpoint(self) -> Path:
+        path = self.output_dir / f"checkpoint-{self.step:06d}"
+        self.accelerator.save_state(str(path))
+        if self.accelerator.is_main_process:
+            self.model.save_pretrained(path / "drafter")
+            (path / "trainer_state.json").write_text(json.dumps({"step": self.step, "config": asdict(self.config)}))
+        return path
+
+    def _load_latest_checkpoint(self) -> None:
+        checkpoints = sorted(self.output_dir.glob("checkpoint-*"))
+        if not checkpoints:
+            logger.info("No checkpoint in %s: starting from scratch.", self.output_dir)
+            return
+        latest = checkpoints[-1]
+        self.accelerator.load_state(str(latest))
+        self.step = json.loads((latest / "trainer_state.json").read_text())["step"]
+        logger.info("Resumed from %s (step %d).", latest, self.step)
+
+
+def train(config: TrainingConfig, resume: bool = False, target=None, tokenizer=None) -> Path:
+    """Trains a drafter; returns the folder of the final `save_pretrained` drafter."""
+    return Trainer(config, target, tokenizer).train(resume=resume)
+
+
+__all__ = ["TrainingConfig", "Trainer", "train", "draft_loss", "teacher_forced_batch", "load_sequences"]

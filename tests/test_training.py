@@ -1,0 +1,151 @@
+"""Training: the loss, training-time views equal inference-time views, learning, exact resumption."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import GenerationConfig
+
+from conftest import make_bigram_target, make_drafter, make_target
+from transformers_longspark.generation import LongSparkCandidateGenerator
+from transformers_longspark.training import (
+    Sequence,
+    Trainer,
+    TrainingConfig,
+    draft_loss,
+    load_sequences,
+    sequence_loss,
+    teacher_forced_batch,
+)
+
+
+def direct_loss(logits, target_logits, labels, valid, lam=0.1, decay=4.0):
+    """Equation (9) written out anchor by anchor, position by position."""
+    total = weight_sum = 0.0
+    for a in range(labels.shape[0]):
+        for i in range(labels.shape[1]):
+            if not valid[a, i]:
+                continue
+            q, p = logits[a, i].softmax(-1), target_logits[a, i].softmax(-1)
+            w = torch.exp(torch.tensor(-i / decay))
+            total += w * (lam * -torch.log(q[labels[a, i]]) + (1 - lam) * (p - q).abs().sum())
+            weight_sum += w
+    return total / weight_sum
+
+
+def test_loss_matches_direct_computation():
+    torch.manual_seed(0)
+    logits, target_logits = torch.randn(5, 7, 11), 3 * torch.randn(5, 7, 11)
+    labels = torch.randint(0, 11, (5, 7))
+    valid = torch.ones(5, 7, dtype=torch.bool)
+    valid[3, 4:] = valid[4, 1:] = False
+    torch.testing.assert_close(draft_loss(logits, target_logits, labels, valid), direct_loss(logits, target_logits, labels, valid))
+
+
+@pytest.mark.parametrize("overrides", [{}, {"use_global_summary": False}, {"use_recent_window": False},
+                                       {"use_boundary_state": False}, {"full_prefix_context": True}])  # fmt: skip
+def test_training_views_and_logits_equal_inference(target_kind, overrides):
+    """For each anchor t, the generator's inference context after the target cached x[:t] gives the same drafter
+    logits as the batched teacher-forced context, for the full model and every ablation."""
+    target = make_target(target_kind)
+    drafter = make_drafter(target, window_size=8, **overrides)
+    drafter.bind_target(target)
+    ids = torch.randint(0, 64, (30,), generator=torch.Generator().manual_seed(0))
+    sequence = Sequence(ids, prompt_length=3)
+    anchors = torch.tensor([3, 5, 8, 9, 20, 28])
+    batch = teacher_forced_batch(target, drafter, sequence, anchors)
+    with torch.no_grad():
+        batched = drafter(batch.block_ids, batch.context, batch.previous_ids).logits
+    for a, t in enumerate(anchors.tolist()):
+        generator = LongSparkCandidateGenerator(target, drafter, ids[None, : t + 1], GenerationConfig(max_length=99))
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=target.config)
+        with torch.no_grad():
+            target(ids[None, :t], cache=cache)
+        context = generator._update_context(cache, t, n_last_matches=0)
+        torch.testing.assert_close(context.boundary_states, batch.context.boundary_states[a : a + 1], rtol=1e-5, atol=1e-5)
+        for j in range(len(context.summary_values)):
+            torch.testing.assert_close(context.summary_values[j], batch.context.summary_values[j][a : a + 1], rtol=1e-5, atol=1e-5)
+        with torch.no_grad():
+            single = drafter(batch.block_ids[a : a + 1], context, batch.previous_ids[a : a + 1]).logits
+        torch.testing.assert_close(single, batched[a : a + 1], rtol=1e-4, atol=1e-4)
+        p = target(ids[None, : t + 7]).logits[0, t : t + 7]
+        n = int(batch.valid[a].sum())
+        torch.testing.assert_close(batch.target_logits[a, :n], p[:n], rtol=1e-4, atol=1e-4)
+
+
+def write_records(path, num=6, length=24, prompt=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    path.mkdir(parents=True, exist_ok=True)
+    with (path / "part-00000.jsonl").open("w") as f:
+        for i in range(num):
+            ids = torch.randint(0, 64, (length,), generator=g).tolist()
+            f.write(json.dumps({"id": i, "prompt_ids": ids[:prompt], "response_ids": ids[prompt:]}) + "\n")
+    return path
+
+
+def tiny_config(tmp_path, **overrides):
+    values = dict(
+        output_dir=str(tmp_path / "run"), train_data=str(write_records(tmp_path / "data")),
+        drafter=dict(window_size=8, num_summary_queries=4, markov_rank=8, block_size=4, num_selected_layers=3),
+        anchors_per_sequence=8, gradient_accumulation_steps=2, learning_rate=3e-3, max_steps=6, epochs=100,
+        checkpoint_every=2, eval_every=1000, tau_prompts=0, max_seq_len=64,
+    )  # fmt: skip
+    values.update(overrides)
+    return TrainingConfig(**values)
+
+
+def test_a_few_steps_lower_the_loss_on_a_fixed_batch(tmp_path):
+    target = make_bigram_target("llama", vocab_size=64, temperature=0.05)
+    trainer = Trainer(tiny_config(tmp_path), target=target)
+    torch.manual_seed(0)
+    sequence = Sequence(target.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=30, do_sample=True)[0], 3)
+    anchors = torch.arange(sequence.prompt_length, len(sequence.ids) - 1)
+    losses = []
+    for _ in range(15):
+        loss = sequence_loss(target, trainer.drafter, sequence, anchors, trainer.config)
+        losses.append(loss.item())
+        loss.backward()
+        trainer.optimizer.step()
+        trainer.optimizer.zero_grad()
+    assert losses[-1] < 0.8 * losses[0]
+
+
+def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tmp_path, monkeypatch):
+    target = make_target("llama")
+    straight = Trainer(tiny_config(tmp_path / "a"), target=target)
+    straight.train()
+
+    interrupted = Trainer(tiny_config(tmp_path / "b"), target=target)
+    save = Trainer.save_checkpoint
+
+    def save_then_stop(self):
+        path = save(self)
+        if self.step == 2:
+            raise KeyboardInterrupt
+        return path
+
+    monkeypatch.setattr(Trainer, "save_checkpoint", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.train()
+    monkeypatch.undo()
+    resumed = Trainer(tiny_config(tmp_path / "b"), target=target)
+    resumed.train(resume=True)
+    assert resumed.step == straight.step == 6
+    for (name, a), (_, b) in zip(straight.model.state_dict().items(), resumed.model.state_dict().items()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+    logged = [json.loads(line)["step"] for line in (tmp_path / "b" / "run" / "log.jsonl").read_text().splitlines()]
+    assert logged == [1, 2, 3, 4, 5, 6]
+
+
+def test_config_file_and_unknown_fields(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("output_dir: out\ntrain_data: data\nlearning_rate: 0.001\n")
+    assert TrainingConfig.from_file(path).learning_rate == 0.001
+    path.write_text("output_dir: out\ntrain_data: data\nlearning_rat: 0.001\n")
+    with pytest.raises(ValueError, match="learning_rat"):
+        TrainingConfig.from_file(path)
+    with pytest.raises(ValueError, match="longspark regenerate"):
+        load_sequences(tmp_path, 64)
