@@ -271,7 +271,8 @@ class Trainer:
         set_seed(config.seed)
         device = self.accelerator.device
         if target is None:
-            target, tokenizer = load_target(config.target, device)
+            target_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+            target, tokenizer = load_target(config.target, device, target_dtype)
         self.target, self.tokenizer = target, tokenizer
         self.train_sequences = load_sequences(config.train_data, config.max_seq_len)
         self.eval_sequences = (

@@ -1,0 +1,79 @@
+"""`longspark`: regenerate training data, train a drafter, benchmark it, write its model card, push it."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+
+def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, type=Path, help="training config (YAML/JSON), e.g. configs/*.yaml")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in output_dir")
+    parser.add_argument("--output-dir", help="override the config's output_dir")
+    parser.add_argument("--max-steps", type=int, help="override the config's max_steps")
+
+
+def _run_train(args: argparse.Namespace) -> None:
+    from .training import TrainingConfig, train
+
+    config = TrainingConfig.from_file(args.config, output_dir=args.output_dir, max_steps=args.max_steps)
+    final = train(config, resume=args.resume)
+    print(f"Saved the trained drafter to {final}")
+
+
+def _add_card_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("drafter_dir", type=Path, help="folder with the drafter's config.json and model.safetensors")
+    parser.add_argument("--benchmark", required=True, type=Path, help="JSON report of `longspark bench`")
+    parser.add_argument("--training-config", type=Path, help="the training config the drafter was trained with")
+    parser.add_argument("--base-model", default="HuggingFaceTB/SmolLM2-135M-Instruct", help="Hub id of the target")
+    parser.add_argument("--repo-id", help="Hub id the drafter will be pushed to (for the usage snippet)")
+
+
+def _run_card(args: argparse.Namespace) -> None:
+    from .model_card import write_model_card
+
+    path = write_model_card(args.drafter_dir, args.benchmark, args.training_config, args.base_model, args.repo_id)
+    print(f"Wrote {path}")
+
+
+def _add_push_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("drafter_dir", type=Path)
+    parser.add_argument("repo_id", help="Hub repository, e.g. your-org/longspark-smollm2-135m-instruct")
+    parser.add_argument("--private", action="store_true")
+
+
+def _run_push(args: argparse.Namespace) -> None:
+    from .model_card import push_drafter
+
+    print(push_drafter(args.drafter_dir, args.repo_id, private=args.private))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .benchmark import add_bench_arguments
+    from .data import add_regenerate_arguments, run_regenerate
+
+    parser = argparse.ArgumentParser(prog="longspark", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, add, run, help_text in [
+        ("regenerate", add_regenerate_arguments, run_regenerate, "regenerate responses with the frozen target"),
+        ("train", _add_train_arguments, _run_train, "train a drafter (accelerate; resumable)"),
+        ("card", _add_card_arguments, _run_card, "write a model card from a benchmark report"),
+        ("push", _add_push_arguments, _run_push, "upload a drafter folder to the Hugging Face Hub"),
+    ]:
+        sub = commands.add_parser(name, help=help_text)
+        add(sub)
+        sub.set_defaults(run=run)
+    add_bench_arguments(commands.add_parser("bench", help="benchmarks: speed, drafting cost, memory"))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
