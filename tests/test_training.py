@@ -149,3 +149,25 @@ def test_config_file_and_unknown_fields(tmp_path):
         TrainingConfig.from_file(path)
     with pytest.raises(ValueError, match="longspark regenerate"):
         load_sequences(tmp_path, 64)
+
+
+def test_model_card_from_a_benchmark_report(tmp_path):
+    from transformers_longspark.model_card import push_drafter, write_model_card
+
+    drafter = make_drafter(make_target("llama"))
+    drafter.save_pretrained(tmp_path / "drafter")
+    report = {"benchmark": "speed", "command": "longspark bench --json bench.json", "machine": {"cpu": "test cpu"},
+              "rows": [{"workload": "short", "mode": "greedy", "method": "longspark", "label": "LongSpark", "tau": 3.25,
+                        "tokens_per_s": 20.0, "speedup": 1.6, "greedy_identical": True}]}  # fmt: skip
+    (tmp_path / "bench.json").write_text(json.dumps(report))
+    config_path = tmp_path / "train.yaml"
+    config_path.write_text("output_dir: out\ntrain_data: data\nlearning_rate: 0.001\n")
+    card = write_model_card(tmp_path / "drafter", tmp_path / "bench.json", config_path).read_text()
+    metadata = card.split("---")[1]
+    for field in ("base_model:", "library_name: transformers", "pipeline_tag: text-generation", "license:", "speculative-decoding"):
+        assert field in metadata
+    assert "| 3.25 | 20.0 | 1.60x | yes |" in card and "longspark bench --json bench.json" in card
+    assert f"{sum(p.numel() for p in drafter.parameters()):,} parameters" in card
+    (tmp_path / "drafter" / "README.md").unlink()
+    with pytest.raises(ValueError, match="README.md"):
+        push_drafter(tmp_path / "drafter", "org/name")

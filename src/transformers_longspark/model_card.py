@@ -1,0 +1,146 @@
+"""Model cards written from measured benchmarks, and the Hub upload of a drafter folder."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+from safetensors import safe_open
+
+from .configuration_longspark import LongSparkConfig
+
+CARD_TEMPLATE = """---
+{metadata}---
+
+# LongSpark drafter for {base_model}
+
+A [LongSpark](https://github.com/transformers-longspark) speculative-decoding drafter for `{base_model}`: a
+block-diffusion network that proposes {block_size} tokens per round from a fixed-size view of the target (boundary
+state, the last {window_size} KV rows and a {num_summary_queries}-entry attention summary of target layers
+{target_layer_ids}). Outputs are identical to the target's own; only the speed changes.
+
+## Usage
+
+```python
+import transformers_longspark  # routes assistant_model=<LongSpark drafter> to the LongSpark candidate generator
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers_longspark import LongSparkDrafterModel
+
+target = AutoModelForCausalLM.from_pretrained("{base_model}")
+tokenizer = AutoTokenizer.from_pretrained("{base_model}")
+drafter = LongSparkDrafterModel.from_pretrained("{repo_id}")
+inputs = tokenizer.apply_chat_template([{{"role": "user", "content": "Hello!"}}], add_generation_prompt=True,
+                                       return_tensors="pt", return_dict=True)
+out = target.generate(**inputs, assistant_model=drafter, max_new_tokens=128)
+```
+
+## Measured
+
+{results}
+
+Measured with:
+
+```bash
+{command}
+```
+
+{machine}
+
+## Training
+
+{training}
+
+The checkpoint holds only the drafter's own weights ({num_parameters:,} parameters); the target's embedding, final
+norm and LM head are borrowed at run time.
+"""
+
+
+def _results_table(report: dict[str, Any]) -> str:
+    rows = [r for r in report.get("rows", []) if r.get("method") in ("longspark", "plain")]
+    lines = ["| workload | mode | method | tau | tokens/s | speedup | identical to target |", "|---|---|---|---:|---:|---:|---|"]
+    for r in rows:
+        identical = {True: "yes", False: "NO"}.get(r.get("greedy_identical"), "-")
+        lines.append(
+            f"| {r['workload']} | {r['mode']} | {r['label']} | {r['tau']:.2f} | {r['tokens_per_s']:.1f} "
+            f"| {r['speedup']:.2f}x | {identical} |"
+        )
+    return "\n".join(lines)
+
+
+def _machine(report: dict[str, Any]) -> str:
+    m = report.get("machine", {})
+    return (
+        f"Machine: {m.get('cpu', 'unknown')} ({m.get('cpu_cores', '?')} cores, {m.get('torch_threads', '?')} torch "
+        f"threads), torch {m.get('torch', '?')}, transformers {m.get('transformers', '?')}."
+    )
+
+
+def _training(training_config: Path | None) -> str:
+    if training_config is None:
+        return "See the training configuration shipped with the drafter."
+    values = yaml.safe_load(Path(training_config).read_text())
+    keys = ("train_data", "max_seq_len", "anchors_per_sequence", "gradient_accumulation_steps", "learning_rate",
+            "warmup_ratio", "epochs", "max_steps", "drafter")  # fmt: skip
+    recipe = "\n".join(f"- `{k}`: {values[k]}" for k in keys if k in values)
+    return (
+        "Distilled from the frozen target on its own regenerated responses (SPEC section 4: loss "
+        "`0.1 * CE + 0.9 * ||p - q||_1` with position weights `exp(-(i-1)/4)`), with "
+        f"`longspark train --config {Path(training_config).name}`:\n\n{recipe}"
+    )
+
+
+def write_model_card(
+    drafter_dir: str | Path,
+    benchmark_json: str | Path,
+    training_config: str | Path | None = None,
+    base_model: str = "HuggingFaceTB/SmolLM2-135M-Instruct",
+    repo_id: str | None = None,
+) -> Path:
+    """Writes `drafter_dir/README.md` (YAML metadata, usage, measured tau and speedup, recipe) from a speed report."""
+    drafter_dir = Path(drafter_dir)
+    config = LongSparkConfig.from_pretrained(drafter_dir)
+    report = json.loads(Path(benchmark_json).read_text())
+    if report.get("benchmark") != "speed":
+        raise ValueError(f"{benchmark_json} is not a `longspark bench` speed report (its 'benchmark' field).")
+    with safe_open(str(drafter_dir / "model.safetensors"), "pt") as weights:
+        num_parameters = sum(math.prod(weights.get_slice(k).get_shape()) for k in weights.keys())
+    metadata = {
+        "base_model": base_model,
+        "library_name": "transformers",
+        "pipeline_tag": "text-generation",
+        "license": "apache-2.0",
+        "tags": ["speculative-decoding", "longspark", "drafter", "block-diffusion"],
+    }
+    card = CARD_TEMPLATE.format(
+        metadata=yaml.safe_dump(metadata, sort_keys=False),
+        base_model=base_model,
+        repo_id=repo_id or f"<your-org>/{drafter_dir.name}",
+        block_size=config.block_size,
+        window_size=config.window_size,
+        num_summary_queries=config.num_summary_queries,
+        target_layer_ids=config.target_layer_ids,
+        results=_results_table(report),
+        command=report.get("command", "longspark bench"),
+        machine=_machine(report),
+        training=_training(Path(training_config) if training_config else None),
+        num_parameters=num_parameters,
+    )
+    path = drafter_dir / "README.md"
+    path.write_text(card)
+    return path
+
+
+def push_drafter(drafter_dir: str | Path, repo_id: str, private: bool = False) -> str:
+    """Uploads the drafter folder (config, safetensors weights, model card) to the Hub; returns the commit URL."""
+    from huggingface_hub import HfApi
+
+    drafter_dir = Path(drafter_dir)
+    missing = [n for n in ("config.json", "model.safetensors", "README.md") if not (drafter_dir / n).exists()]
+    if missing:
+        raise ValueError(f"{drafter_dir} lacks {missing}; save the drafter and run `longspark card` first.")
+    api = HfApi()
+    api.create_repo(repo_id, private=private, exist_ok=True)
+    return str(api.upload_folder(folder_path=str(drafter_dir), repo_id=repo_id, commit_message="Upload LongSpark drafter"))
