@@ -54,7 +54,7 @@ class TrainingConfig:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     epochs: int = 10
-    max_steps: int | None = None
+    max_steps: int | None = None  # overrides epochs when set
     ce_weight: float = 0.1  # lam in the loss
     position_decay: float = 4.0  # w_i = exp(-(i - 1) / position_decay)
     checkpoint_every: int = 100
@@ -296,9 +296,10 @@ class Trainer:
 
     def _total_steps(self) -> int:
         c = self.config
+        if c.max_steps:  # as in transformers' Trainer, max_steps overrides epochs
+            return c.max_steps
         per_epoch = len(self.train_sequences) // (c.sequences_per_step * self.accelerator.num_processes)
-        steps = max(1, per_epoch * c.epochs // c.gradient_accumulation_steps)
-        return min(steps, c.max_steps) if c.max_steps else steps
+        return max(1, per_epoch * c.epochs // c.gradient_accumulation_steps)
 
     def _tensorboard(self):
         try:
@@ -308,10 +309,14 @@ class Trainer:
         return SummaryWriter(str(self.output_dir / "tensorboard")) if self.accelerator.is_main_process else None
 
     def _micro_batches(self):
-        """Deterministic (seed, epoch) order of this process's sequences, endless; position = micro-batch index."""
+        """Deterministic (seed, epoch) order of this process's sequences, endless; position = micro-batch index.
+
+        Resumption is exact when the data folder is unchanged."""
         c, n = self.config, self.accelerator.num_processes
         epoch = 0
         while True:
+            if epoch > 0:  # re-read, so that a run started beside `longspark regenerate` picks up its new records
+                self.train_sequences = load_sequences(c.train_data, c.max_seq_len)
             order = torch.randperm(len(self.train_sequences), generator=torch.Generator().manual_seed(c.seed + epoch))
             order = order[self.accelerator.process_index :: n].tolist()
             for start in range(0, len(order) - c.sequences_per_step + 1, c.sequences_per_step):
