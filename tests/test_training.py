@@ -64,7 +64,7 @@ def test_training_views_and_logits_equal_inference(target_kind, overrides):
         cache = DynamicCache(config=target.config)
         with torch.no_grad():
             target(ids[None, :t], cache=cache)
-        context = generator._update_context(cache, t, n_last_matches=0)
+        context = generator.update_context(cache, t, n_last_matches=0)
         torch.testing.assert_close(context.boundary_states, batch.context.boundary_states[a : a + 1], rtol=1e-5, atol=1e-5)
         for j in range(len(context.summary_values)):
             torch.testing.assert_close(context.summary_values[j], batch.context.summary_values[j][a : a + 1], rtol=1e-5, atol=1e-5)

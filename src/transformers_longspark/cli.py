@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import sys
 from pathlib import Path
 
@@ -51,7 +52,7 @@ def _run_push(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .benchmark import add_bench_arguments
+    from .benchmark import add_bench_arguments, run_bench
     from .data import add_regenerate_arguments, run_regenerate
 
     parser = argparse.ArgumentParser(prog="longspark", description=__doc__)
@@ -65,13 +66,15 @@ def build_parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text)
         add(sub)
         sub.set_defaults(run=run)
-    add_bench_arguments(commands.add_parser("bench", help="benchmarks: speed, drafting cost, memory"))
+    add_bench_arguments(commands).set_defaults(run=run_bench)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    args.command_line = shlex.join(["longspark", *argv])  # recorded in benchmark reports and model cards
     args.run(args)
 
 

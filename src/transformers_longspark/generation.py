@@ -96,20 +96,24 @@ class LongSparkCandidateGenerator(CandidateGenerator):
             return input_ids, None
         self.stats.rounds += 1
         start = time.perf_counter()
-        context = self._update_context(model_kwargs["cache"], input_ids.shape[1] - 1, n_last_matches)
+        context = self.update_context(model_kwargs["cache"], input_ids.shape[1] - 1, n_last_matches)
         after_update = time.perf_counter()
         self.stats.context_update_seconds += after_update - start
 
         num_tokens = min(self.config.block_size, self.max_length - input_ids.shape[1] - 1)
         if num_tokens <= 0:
             return input_ids, None
-        candidate_ids, candidate_logits = self._propose(input_ids, context, num_tokens)
+        candidate_ids, candidate_logits = self.propose(input_ids, context, num_tokens)
         self.stats.proposal_seconds += time.perf_counter() - after_update
         self.stats.drafted_tokens += candidate_logits.shape[1]
         return candidate_ids, candidate_logits
 
-    def _update_context(self, cache, num_cached: int, n_last_matches: int) -> DraftContext:
-        """Absorbs new cache rows into the summary and gathers this round's three context views."""
+    @torch.no_grad()
+    def update_context(self, cache, num_cached: int, n_last_matches: int) -> DraftContext:
+        """Absorbs new cache rows into the summary and gathers this round's three context views.
+
+        `num_cached` is the target cache length `t`; `n_last_matches` indexes the boundary position in the last
+        verification forward (the prefill's last position on the first round)."""
         if cache.get_seq_length() != num_cached:
             raise RuntimeError(f"Target cache holds {cache.get_seq_length()} rows, expected {num_cached}.")
         config, state = self.config, self.state
@@ -142,7 +146,8 @@ class LongSparkCandidateGenerator(CandidateGenerator):
             positions=torch.tensor([num_cached], device=state.boundary_states.device),
         )
 
-    def _propose(
+    @torch.no_grad()
+    def propose(
         self, input_ids: torch.LongTensor, context: DraftContext, num_tokens: int
     ) -> tuple[torch.LongTensor, torch.Tensor]:
         """Drafts up to `num_tokens` tokens; returns them appended to `input_ids` and their `(1, k, V)` logits."""

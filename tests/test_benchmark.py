@@ -1,0 +1,233 @@
+"""Benchmark reports: fields, tau arithmetic, context-state bytes, plot and table. No timing assertions."""
+
+import argparse
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import make_bigram_target, make_drafter, make_oracle_drafter, make_target
+from transformers_longspark import benchmark
+from transformers_longspark.benchmark import (
+    METHODS,
+    accepted_length,
+    count_forward_calls,
+    format_markdown,
+    full_prefix_state_bytes,
+    make_full_prefix_drafter,
+    new_tokens_from_round_log,
+    plot_drafting_cost,
+    run_drafting_cost,
+    run_speed_benchmark,
+    summarize_runs,
+)
+
+SUMMARY_FIELDS = {
+    "method", "tau", "tokens_per_s", "speedup", "ms_per_token", "new_tokens", "seconds", "rounds", "target_forwards",
+    "tokens_per_forward",
+}  # fmt: skip
+DRAFTER_FIELDS = {"proposal_ms_per_round", "context_update_ms_per_round", "context_state_bytes", "drafted_tokens"}
+
+
+# --- tau ----------------------------------------------------------------------------------------------------------
+
+
+def test_accepted_length_from_a_known_round_log():
+    log = [3, 0, 6, 2]  # draft tokens accepted in each verification round
+    new_tokens = new_tokens_from_round_log(log)
+    assert new_tokens == 1 + 4 + 1 + 7 + 3  # prefill token, then accepted + bonus per round
+    assert accepted_length(new_tokens, len(log)) == pytest.approx(3.75)  # mean accepted + 1
+    assert accepted_length(new_tokens_from_round_log([0] * 9), 9) == 1.0  # nothing accepted: plain decoding
+
+
+@pytest.mark.parametrize("new_tokens, rounds", [(5, 0), (0, 1), (3, 4)])
+def test_accepted_length_refuses_impossible_logs(new_tokens, rounds):
+    with pytest.raises(ValueError):
+        accepted_length(new_tokens, rounds)
+
+
+def test_summary_tau_is_token_weighted_over_prompts():
+    runs = [
+        dict(new_tokens=new_tokens_from_round_log(log), seconds=1.0, rounds=len(log), target_forwards=len(log) + 1)
+        for log in ([3, 0, 6, 2], [1, 1])
+    ]
+    summary = summarize_runs(runs, "prompt_lookup")
+    assert summary["tau"] == pytest.approx((15 + 4) / 6)
+    assert summary["tokens_per_forward"] == pytest.approx((16 + 5) / (5 + 3))
+    assert summarize_runs(runs, "plain")["tau"] == 1.0
+
+
+def test_forward_counter_counts_one_target_forward_per_plain_token():
+    target = make_target("llama")
+    with count_forward_calls(target) as calls:
+        target.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=7, do_sample=False)
+    assert calls[0] == 7
+    target(torch.tensor([[1]]))
+    assert calls[0] == 7  # the hook is gone
+
+
+# --- speed --------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def speed_report():
+    torch.manual_seed(0)
+    target = make_bigram_target("llama", vocab_size=64, seed=2)
+    drafter = make_oracle_drafter(target, agree_on=lambda ids: ids % 3 != 0, window_size=8, block_size=4)
+    prompts = {
+        "short": [[5, 9, 28], torch.tensor([7, 1, 3, 7, 1])],
+        "long": [{"name": "long-0", "input_ids": torch.randint(0, 64, (40,)).tolist()}],
+    }
+    return run_speed_benchmark(target, None, drafter, prompts, max_new_tokens=10, warmup=True)
+
+
+def test_speed_report_fields(speed_report):
+    assert {"machine", "settings", "drafter", "workloads", "rows"} <= set(speed_report)
+    assert {"cpu", "cpu_cores", "torch_threads", "torch"} <= set(speed_report["machine"])
+    assert set(speed_report["workloads"]) == {"short", "long"}
+    modes = {(row["workload"], row["mode"], row["method"]) for row in speed_report["rows"]}
+    for workload in ("short", "long"):
+        assert {(workload, "greedy", method) for method in METHODS} <= modes
+        assert {(workload, "sampled", method) for method in ("plain", "prompt_lookup", "longspark")} <= modes
+        assert (workload, "sampled", "full_prefix") not in modes  # the baseline runs greedily only
+    for row in speed_report["rows"]:
+        assert SUMMARY_FIELDS <= set(row)
+        assert row["new_tokens"] > 0 and row["tau"] >= 1.0
+        if row["method"] in ("longspark", "full_prefix"):
+            assert DRAFTER_FIELDS <= set(row)
+        if row["method"] == "plain":
+            assert row["tau"] == 1.0 and row["speedup"] == 1.0
+        if row["mode"] == "greedy":
+            assert row["greedy_identical_prompts"] <= row["prompts"]
+
+
+def test_speed_report_runs_per_prompt(speed_report):
+    greedy = speed_report["workloads"]["short"]["greedy"]
+    assert [p["prompt_tokens"] for p in speed_report["workloads"]["short"]["prompts"]] == [3, 5]
+    for method, runs in greedy["runs"].items():
+        assert [run["prompt"] for run in runs] == ["prompt-0", "prompt-1"]
+        for run in runs:
+            assert run["new_tokens"] == 10
+            if method == "plain":
+                assert run["target_forwards"] == 10
+            if method in ("longspark", "full_prefix"):
+                assert run["target_forwards"] == run["rounds"] + 1  # prefill, then one forward per round
+    # LongSpark on this bigram target drafts the target's own greedy tokens (for 2/3 of the previous tokens).
+    longspark = greedy["methods"]["longspark"]
+    assert longspark["greedy_identical"] and longspark["tau"] > 1.0
+
+
+def test_speed_report_is_json_and_markdown_lists_every_method(speed_report, tmp_path):
+    path = tmp_path / "speed.json"
+    path.write_text(json.dumps(speed_report))
+    assert json.loads(path.read_text())["rows"]
+    table = format_markdown(speed_report)
+    for label in ("plain generate", "prompt lookup", "LongSpark", "full-prefix drafter"):
+        assert f"| {label} |" in table
+    assert table.count("\n| short |") == 4 + 3 and table.count("\n| long |") == 4 + 3
+
+
+# --- drafting cost ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cost_result():
+    target = make_target("qwen3", max_position_embeddings=256)
+    drafter = make_drafter(target, window_size=8, block_size=4)
+    return drafter, run_drafting_cost(target, drafter, prefix_lengths=(16, 32, 64, 512), rounds=2, warmup=1)
+
+
+def test_drafting_cost_fields(cost_result):
+    _, result = cost_result
+    fields = ("prefix_lengths", "longspark_ms", "full_prefix_ms", "longspark_state_bytes", "full_prefix_state_bytes")
+    for field in fields:
+        assert len(result[field]) == 3, field
+    assert result["prefix_lengths"] == [16, 32, 64]
+    assert all(ms > 0 for ms in result["longspark_ms"] + result["full_prefix_ms"])
+    assert [skip["prefix_length"] for skip in result["skipped"]] == [512]  # beyond max_position_embeddings
+    assert "max_position_embeddings=256" in result["skipped"][0]["reason"]
+    json.dumps(result)
+
+
+def test_state_bytes_fixed_for_longspark_and_linear_for_full_prefix(cost_result):
+    drafter, result = cost_result
+    config = drafter.config
+    assert len(set(result["longspark_state_bytes"])) == 1
+    lengths, full = result["prefix_lengths"], result["full_prefix_state_bytes"]
+    per_row = config.num_draft_layers * 2 * config.num_key_value_heads * config.head_dim * 4  # float32 K and V
+    assert [b - a for a, b in zip(full, full[1:])] == [per_row * (t2 - t1) for t1, t2 in zip(lengths, lengths[1:])]
+    assert full == [full_prefix_state_bytes(config, t) for t in lengths] == result["full_prefix_state_bytes_formula"]
+    # LongSpark keeps D summaries (m values + m log-normalisers per KV head, float32) and the boundary.
+    d, h, m = config.num_draft_layers, config.num_key_value_heads, config.num_summary_queries
+    assert result["longspark_state_bytes"][0] == 4 * (d * h * m * (config.head_dim + 1) + d * config.hidden_size)
+
+
+def test_drafting_cost_uses_given_prefix_tokens():
+    target = make_target("llama")
+    drafter = make_drafter(target, window_size=8, block_size=4)
+    result = run_drafting_cost(target, drafter, (16,), rounds=1, warmup=0, prefix_ids=list(range(17)))
+    assert result["prefix_source"] == "given" and result["prefix_lengths"] == [16]
+    with pytest.raises(ValueError, match="prefix_ids"):
+        run_drafting_cost(target, drafter, (32,), rounds=1, warmup=0, prefix_ids=list(range(17)))
+
+
+def test_plot_is_written(cost_result, tmp_path):
+    _, result = cost_result
+    path = plot_drafting_cost(result, tmp_path / "figs" / "drafting_cost.png")
+    assert path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_full_prefix_drafter_shares_the_weights():
+    target = make_target("qwen3")
+    drafter = make_drafter(target)
+    baseline = make_full_prefix_drafter(drafter)
+    assert baseline.config.full_prefix_context and not drafter.config.full_prefix_context
+    for (name, a), (_, b) in zip(drafter.state_dict().items(), baseline.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+# --- command line -------------------------------------------------------------------------------------------------
+
+
+def test_cli_subcommands_parse():
+    parser = argparse.ArgumentParser(prog="longspark")
+    benchmark.add_bench_arguments(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "--json", "a.json", "--markdown", "a.md", "--max-new-tokens", "16"])
+    assert args.command == "bench" and args.bench_command is None and args.max_new_tokens == 16
+    argv = ["bench", "drafting-cost", "--json", "c.json", "--plot", "c.png", "--prefix-lengths", "64"]
+    args = parser.parse_args(argv)
+    assert args.bench_command == "drafting-cost" and str(args.plot) == "c.png" and args.prefix_lengths == [64]
+    args = parser.parse_args(["bench", "memory", "--prompt-lengths", "1024", "8192"])
+    assert args.bench_command == "memory" and args.max_new_tokens == 16 and args.num_threads == 1
+    args = parser.parse_args(["bench", "speed", "--modes", "greedy", "--methods", "plain", "longspark"])
+    assert args.bench_command == "speed" and args.methods == ["plain", "longspark"]
+
+
+def test_memory_benchmark_report(tmp_path, monkeypatch):
+    """The per-configuration workers run in-process here (the real command spawns fresh interpreters)."""
+    target = make_target("llama")
+    drafter = make_drafter(target)
+    target.save_pretrained(tmp_path / "target")
+    drafter.save_pretrained(tmp_path / "drafter")
+    commands = []
+
+    def fake_run(command, **kwargs):
+        commands.append(command)
+        assert command[0] == sys.executable and "_memory_worker_main" in command[2]
+        output = "MEMORY-RESULT " + json.dumps(benchmark._memory_worker(json.loads(command[-1])))
+        return subprocess.CompletedProcess(command, 0, stdout=f"noise\n{output}\n", stderr="")
+
+    monkeypatch.setattr(benchmark.subprocess, "run", fake_run)
+    result = benchmark.run_memory_benchmark(
+        (16, 48), max_new_tokens=4, target=str(tmp_path / "target"), drafter=str(tmp_path / "drafter")
+    )
+    assert [json.loads(c[-1])["mode"] for c in commands] == ["plain", "assisted"] * 2
+    assert [row["prompt_length"] for row in result["lengths"]] == [16, 48]
+    assert len(result["runs"]) == 4 and all(run["new_tokens"] == 4 for run in result["runs"])
+    for row in result["lengths"]:
+        assert {"plain_peak_mib", "assisted_peak_mib", "extra_peak_mib", "extra_runtime_mib"} <= set(row)
+        assert row["plain_peak_mib"] > 0 and row["drafter_context_state_bytes"] > 0
+    assert "extra_peak_growth_mib" in result
+    assert "| 48 |" in benchmark.format_memory(result)
