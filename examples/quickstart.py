@@ -13,20 +13,9 @@ from pathlib import Path
 import torch
 
 import transformers_longspark  # noqa: F401  (routes generate(assistant_model=drafter) to LongSpark)
-from transformers_longspark import LongSparkConfig, LongSparkDrafterModel
-from transformers_longspark.demo_target import load_smollm2
+from transformers_longspark.loading import load_drafter, load_target
 
-SHIPPED_DRAFTER = Path(__file__).resolve().parent.parent / "model_cards" / "longspark-smollm2-135m-instruct"
 DEFAULT_PROMPT = "Write a Python function that returns the n-th Fibonacci number, then explain how it works."
-
-
-def load_drafter(path: Path, target) -> LongSparkDrafterModel:
-    if (path / "model.safetensors").exists():
-        return LongSparkDrafterModel.from_pretrained(path, dtype=torch.float32).eval()
-    print(f"No trained drafter at {path}: using a RANDOM drafter (lossless, but it will not speed anything up).")
-    torch.manual_seed(0)
-    config = LongSparkConfig.from_target_config(target.config, intermediate_size=1024, markov_rank=32)
-    return LongSparkDrafterModel(config).eval()
 
 
 def timed_generate(target, inputs, **kwargs):
@@ -39,11 +28,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompt", default=DEFAULT_PROMPT)
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--drafter", type=Path, default=SHIPPED_DRAFTER)
+    parser.add_argument("--drafter", type=Path, help="drafter folder (default: the shipped SmolLM2 drafter)")
     args = parser.parse_args()
 
-    target, tokenizer = load_smollm2()
-    drafter = load_drafter(args.drafter, target)
+    target, tokenizer = load_target()  # SmolLM2-135M-Instruct, offline
+    drafter, _ = load_drafter(target, args.drafter)
     messages = [{"role": "user", "content": args.prompt}]
     inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     prompt_length = inputs["input_ids"].shape[1]

@@ -3,10 +3,10 @@
 import pytest
 import torch
 from scipy.stats import chisquare
-from transformers import GenerationConfig, TextStreamer
+from transformers import TextStreamer
 from transformers.generation import utils as generation_utils
 
-from conftest import bigram_logits, make_bigram_target, make_drafter, make_oracle_drafter, make_target
+from conftest import make_bigram_target, make_drafter, make_oracle_drafter, make_target
 
 WINDOW, BLOCK = 8, 4
 

@@ -4,7 +4,6 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
 from transformers import GenerationConfig
 
 from conftest import make_bigram_target, make_drafter, make_target

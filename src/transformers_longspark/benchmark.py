@@ -40,9 +40,9 @@ from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
 from .configuration_longspark import LongSparkConfig
 from .generation import LongSparkCandidateGenerator
+from .loading import load_drafter, load_target
 from .modeling_longspark import LongSparkDrafterModel
 
-DEFAULT_DRAFTER_DIR = Path("model_cards") / "longspark-smollm2-135m-instruct"
 DEFAULT_PREFIX_LENGTHS = (512, 1024, 2048, 4096, 8192)
 DEFAULT_LONG_LENGTHS = (2048, 4096, 8192)
 SHORT_SOURCES = ("gsm8k", "mmath-en", "stdlib-code")
@@ -155,68 +155,6 @@ def make_full_prefix_drafter(drafter: LongSparkDrafterModel) -> LongSparkDrafter
     baseline.load_state_dict(drafter.state_dict())
     parameter = next(drafter.parameters())
     return baseline.to(device=parameter.device, dtype=parameter.dtype).eval()
-
-
-def load_target(path: str | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu"):
-    """``(model, tokenizer)``: a local checkpoint, or the SmolLM2-135M-Instruct demo target when ``path`` is None."""
-    if path is None:
-        from .demo_target import load_smollm2
-
-        model, tokenizer = load_smollm2(dtype)
-    else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(path)
-        except (OSError, ValueError):
-            tokenizer = None
-    return model.to(device).eval().requires_grad_(False), tokenizer
-
-
-def _default_drafter_dir() -> Path | None:
-    for root in (Path.cwd(), Path(__file__).resolve().parents[2]):
-        if (root / DEFAULT_DRAFTER_DIR / "config.json").is_file():
-            return root / DEFAULT_DRAFTER_DIR
-    return None
-
-
-def load_drafter(
-    target: PreTrainedModel, path: str | os.PathLike | None = None, *, default_dir: bool = True, seed: int = 0
-) -> tuple[LongSparkDrafterModel, dict[str, Any]]:
-    """The drafter to benchmark and a description of it.
-
-    ``path`` if given; else (``default_dir=True``, i.e. the target is the default SmolLM2) the trained drafter in
-    ``model_cards/longspark-smollm2-135m-instruct/`` if it exists; else a seeded RANDOM drafter for ``target``
-    (``intermediate_size=1024, markov_rank=32``), with a warning on stderr: its tau measures nothing but overhead.
-    """
-    if path is None and default_dir:
-        path = _default_drafter_dir()
-    parameter = next(target.parameters())
-    if path is not None:
-        drafter = LongSparkDrafterModel.from_pretrained(path)
-        info = {"path": str(path), "trained": True}
-    else:
-        print(
-            "WARNING: no trained LongSpark drafter found (pass --drafter, or ship "
-            f"{DEFAULT_DRAFTER_DIR}); benchmarking a RANDOM, UNTRAINED drafter: its tau and speedups are "
-            "meaningless, only its drafting cost and memory are.",
-            file=sys.stderr,
-        )
-        torch.manual_seed(seed)
-        config = LongSparkConfig.from_target_config(target.config, intermediate_size=1024, markov_rank=32)
-        drafter = LongSparkDrafterModel(config)
-        info = {"path": None, "trained": False, "seed": seed}
-    drafter = drafter.to(device=parameter.device, dtype=parameter.dtype).eval().requires_grad_(False)
-    config = drafter.config
-    info.update(
-        block_size=config.block_size,
-        window_size=config.window_size,
-        num_summary_queries=config.num_summary_queries,
-        target_layer_ids=list(config.target_layer_ids),
-        num_parameters=sum(p.numel() for p in drafter.parameters()),
-    )
-    return drafter, info
 
 
 # --------------------------------------------------------------------------------------------------- prompts
@@ -865,7 +803,7 @@ def _memory_worker(spec: Mapping[str, Any]) -> dict[str, Any]:
     target, _ = load_target(spec.get("target"), dtype)
     drafter = None
     if spec["mode"] == "assisted":
-        drafter, _ = load_drafter(target, spec.get("drafter"), default_dir=spec.get("target") is None)
+        drafter, _ = load_drafter(target, spec.get("drafter"))
     with torch.no_grad():  # safetensors weights are memory-mapped lazily: make them resident before measuring
         for module in (target, drafter):
             for parameter in module.parameters() if module is not None else ():
@@ -1001,7 +939,7 @@ def _add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", help="local path of the target model (default: the SmolLM2-135M demo target)")
     parser.add_argument(
         "--drafter",
-        help=f"LongSpark drafter folder (default: {DEFAULT_DRAFTER_DIR} if it exists, else a random untrained one)",
+        help="LongSpark drafter folder (default: the shipped SmolLM2 drafter if it fits the target, else a random one)",
     )
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
@@ -1096,7 +1034,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     import transformers_longspark  # noqa: F401  (installs the generate() hook)
 
     target, tokenizer = load_target(args.target, getattr(torch, args.dtype), args.device)
-    drafter, drafter_info = load_drafter(target, args.drafter, default_dir=args.target is None, seed=args.seed)
+    drafter, drafter_info = load_drafter(target, args.drafter, seed=args.seed)
     max_positions = target.config.get_text_config().max_position_embeddings
 
     if command == "drafting-cost":
@@ -1164,7 +1102,6 @@ __all__ = [
     "count_forward_calls",
     "format_markdown",
     "full_prefix_state_bytes",
-    "load_drafter",
     "long_context_prompts",
     "machine_info",
     "make_full_prefix_drafter",

@@ -44,6 +44,8 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from .loading import load_target
+
 logger = logging.getLogger(__name__)
 
 Prompt = dict[str, Any]
@@ -525,7 +527,9 @@ def run_regenerate(args: argparse.Namespace) -> None:
     splits = [split_prompts(prompts, args.held_out, args.seed) for prompts in sources]
     train = interleave(*(train for train, _ in splits))
     held_out = interleave(*(held for _, held in splits))
-    model, tokenizer = _load_target(args.target, getattr(torch, args.dtype), args.device)
+    model, tokenizer = load_target(args.target, getattr(torch, args.dtype), args.device)
+    if tokenizer is None:
+        raise ValueError(f"{args.target} has no tokenizer; regeneration needs the target's tokenizer and chat template.")
     settings = {
         "max_new_tokens": args.max_new_tokens,
         "batch_size": args.batch_size,
@@ -543,17 +547,3 @@ def run_regenerate(args: argparse.Namespace) -> None:
 def _count_or_fraction(text: str) -> int | float:
     """``"40"`` -> 40 prompts, ``"0.05"`` -> 5 % of the prompts."""
     return float(text) if any(char in text for char in ".eE") else int(text)
-
-
-def _load_target(path: str | None, dtype: torch.dtype, device: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The frozen target and its tokenizer: a local checkpoint, or the SmolLM2 demo target."""
-    if path is None:
-        from transformers_longspark.demo_target import load_smollm2
-
-        model, tokenizer = load_smollm2(dtype)
-    else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    return model.to(device).eval().requires_grad_(False), tokenizer

