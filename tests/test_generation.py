@@ -187,3 +187,27 @@ def test_chi_square_detects_a_broken_verifier(sampling_setup, monkeypatch):
     monkeypatch.setattr(generation_utils, "_speculative_sampling", broken_speculative_sampling)
     counts = sampled_counts(target, drafter, prompt)
     assert chi_square_pvalue(counts, law) < 1e-6
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "mistral"])
+def test_greedy_equals_target_on_qwen2_and_mistral(kind):
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "mistral": (MistralConfig, MistralForCausalLM)}[kind]
+    torch.manual_seed(0)
+    target = model_cls(config_cls(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                  max_position_embeddings=1024)).eval()  # fmt: skip
+    prompt = torch.randint(0, 64, (1, 20), generator=torch.Generator().manual_seed(0))
+    reference, assisted = greedy_pair(target, make_drafter(target), prompt, max_new_tokens=25)
+    assert torch.equal(reference, assisted)
+
+
+@pytest.mark.parametrize("ablation", ["use_global_summary", "use_boundary_state", "use_recent_window", "full_prefix_context"])
+def test_ablations_generate_losslessly(ablation):
+    target = make_bigram_target("qwen3", vocab_size=64, seed=2)
+    flag = {ablation: ablation == "full_prefix_context"}
+    drafter = make_oracle_drafter(target, agree_on=lambda ids: ids % 3 != 0, block_size=BLOCK, **flag)
+    prompt = torch.randint(0, 64, (1, 30), generator=torch.Generator().manual_seed(1))
+    reference, assisted = greedy_pair(target, drafter, prompt, max_new_tokens=20)
+    assert torch.equal(reference, assisted)
