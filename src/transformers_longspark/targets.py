@@ -129,7 +129,8 @@ class HiddenStateCapture:
 
             def hook(module, args, output, slot=slot):
                 hidden = output[0] if isinstance(output, tuple) else output
-                buffer[slot] = (hidden if keep is None else hidden[:, -keep:]).detach()
+                # clone(): a slice would keep the whole (batch, seq, hidden) output of a long prefill alive.
+                buffer[slot] = (hidden if keep is None else hidden[:, -keep:].clone()).detach()
 
             handles.append(layers[layer_id].register_forward_hook(hook))
         self._finalizer = weakref.finalize(self, _remove_hooks, handles)

@@ -340,8 +340,9 @@ class Trainer:
                 losses.append(loss.item())
             self.step += 1
             progress.update(1)
-            record = {"step": self.step, "loss": sum(losses) / len(losses), "lr": self.scheduler.get_last_lr()[0],
-                      "seconds": time.perf_counter() - started}  # fmt: skip
+            sequences_seen = self.step * c.gradient_accumulation_steps * c.sequences_per_step * self.accelerator.num_processes
+            record = {"step": self.step, "sequences": sequences_seen, "loss": sum(losses) / len(losses),
+                      "lr": self.scheduler.get_last_lr()[0], "seconds": time.perf_counter() - started}  # fmt: skip
             progress.set_postfix(loss=f"{record['loss']:.4f}")
             if self.step % c.eval_every == 0 or self.step == self.total_steps:
                 record.update(self.evaluate())
