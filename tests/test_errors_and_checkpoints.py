@@ -124,3 +124,10 @@ def test_pickled_checkpoints_are_refused(tmp_path):
     with pytest.raises(ValueError, match="never unpickles"):
         LongSparkDrafterModel.from_pretrained(tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "longspark"
+
+
+@pytest.mark.parametrize("fields, message", [({"block_size": 0}, "block_size"), ({"target_layer_ids": [0, 40]}, "beyond"),
+                                             ({"num_attention_heads": 5}, "multiple")])  # fmt: skip
+def test_invalid_config_is_refused(fields, message):
+    with pytest.raises(ValueError, match=message):
+        LongSparkConfig(**fields)
