@@ -87,10 +87,10 @@ class LongSparkConfig(PreTrainedConfig):
     def __post_init__(self, **kwargs):
         if self.target_layer_ids is None:
             self.target_layer_ids = select_target_layers(self.num_target_layers)
+        self._check_fields()
         super().__post_init__(**kwargs)
 
-    def validate_architecture(self):
-        super().validate_architecture()
+    def _check_fields(self) -> None:
         for name in ("block_size", "window_size", "num_summary_queries", "markov_rank", "summary_chunk_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be >= 1, got {getattr(self, name)}.")
