@@ -170,3 +170,10 @@ def test_model_card_from_a_benchmark_report(tmp_path):
     (tmp_path / "drafter" / "README.md").unlink()
     with pytest.raises(ValueError, match="README.md"):
         push_drafter(tmp_path / "drafter", "org/name")
+
+
+def test_summary_queries_start_from_n_0_1_over_d_and_the_markov_correction_starts_neutral():
+    drafter = make_drafter(make_target("qwen3"), num_summary_queries=64)
+    queries = drafter.summary_queries.detach()
+    assert abs(queries.std().item() - drafter.config.head_dim**-0.5) < 0.05 and abs(queries.mean().item()) < 0.05
+    assert drafter.markov_proj.weight.abs().sum() == 0
