@@ -161,7 +161,11 @@ def test_model_card_from_a_benchmark_report(tmp_path):
     (tmp_path / "bench.json").write_text(json.dumps(report))
     config_path = tmp_path / "train.yaml"
     config_path.write_text("output_dir: out\ntrain_data: data\nlearning_rate: 0.001\n")
-    card = write_model_card(tmp_path / "drafter", tmp_path / "bench.json", config_path).read_text()
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"step": 1, "sequences": 4, "loss": 3.0}\n{"step": 2, "sequences": 8, "loss": 2.0, "eval_loss": 2.5, "eval_tau": 1.25}\n')
+    card = write_model_card(tmp_path / "drafter", tmp_path / "bench.json", config_path, training_log=log,
+                            tokens_per_sequence=100).read_text()  # fmt: skip
+    assert "| 2 | 8 | 800 | 2.500 | 1.25 |" in card
     metadata = card.split("---")[1]
     for field in ("base_model:", "library_name: transformers", "pipeline_tag: text-generation", "license:", "speculative-decoding"):
         assert field in metadata

@@ -30,12 +30,15 @@ def _add_card_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--training-config", type=Path, help="the training config the drafter was trained with")
     parser.add_argument("--base-model", default="HuggingFaceTB/SmolLM2-135M-Instruct", help="Hub id of the target")
     parser.add_argument("--repo-id", help="Hub id the drafter will be pushed to (for the usage snippet)")
+    parser.add_argument("--training-log", type=Path, help="the trainer's log.jsonl: adds the held-out tau curve")
+    parser.add_argument("--tokens-per-sequence", type=float, help="mean training sequence length, for the curve")
 
 
 def _run_card(args: argparse.Namespace) -> None:
     from .model_card import write_model_card
 
-    path = write_model_card(args.drafter_dir, args.benchmark, args.training_config, args.base_model, args.repo_id)
+    path = write_model_card(args.drafter_dir, args.benchmark, args.training_config, args.base_model, args.repo_id,
+                            args.training_log, args.tokens_per_sequence)  # fmt: skip
     print(f"Wrote {path}")
 
 

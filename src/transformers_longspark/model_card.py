@@ -53,6 +53,8 @@ Measured with:
 
 {training}
 
+{curve}
+
 The checkpoint holds only the drafter's own weights ({num_parameters:,} parameters); the target's embedding, final
 norm and LM head are borrowed at run time.
 """
@@ -92,12 +94,31 @@ def _training(training_config: Path | None) -> str:
     )
 
 
+def _training_curve(training_log: Path | None, tokens_per_sequence: float | None) -> str:
+    """Held-out loss and tau against training sequences (and tokens), from the trainer's `log.jsonl`."""
+    if training_log is None:
+        return ""
+    records = [json.loads(line) for line in Path(training_log).read_text().splitlines() if line.strip()]
+    evals = [r for r in records if "eval_tau" in r]
+    if not evals:
+        return ""
+    lines = ["Held-out evaluation during training (greedy tau on held-out prompts):", "",
+             "| step | sequences | tokens | held-out loss | tau |", "|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for r in evals:
+        sequences = r.get("sequences")
+        tokens = f"{sequences * tokens_per_sequence:,.0f}" if sequences and tokens_per_sequence else "-"
+        lines.append(f"| {r['step']} | {sequences or '-'} | {tokens} | {r['eval_loss']:.3f} | {r['eval_tau']:.2f} |")
+    return "\n".join(lines)
+
+
 def write_model_card(
     drafter_dir: str | Path,
     benchmark_json: str | Path,
     training_config: str | Path | None = None,
     base_model: str = "HuggingFaceTB/SmolLM2-135M-Instruct",
     repo_id: str | None = None,
+    training_log: str | Path | None = None,
+    tokens_per_sequence: float | None = None,
 ) -> Path:
     """Writes `drafter_dir/README.md` (YAML metadata, usage, measured tau and speedup, recipe) from a speed report."""
     drafter_dir = Path(drafter_dir)
@@ -126,6 +147,7 @@ def write_model_card(
         command=report.get("command", "longspark bench"),
         machine=_machine(report),
         training=_training(Path(training_config) if training_config else None),
+        curve=_training_curve(Path(training_log) if training_log else None, tokens_per_sequence),
         num_parameters=num_parameters,
     )
     path = drafter_dir / "README.md"
