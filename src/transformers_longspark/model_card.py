@@ -17,7 +17,7 @@ CARD_TEMPLATE = """---
 
 # LongSpark drafter for {base_model}
 
-A [LongSpark](https://github.com/transformers-longspark) speculative-decoding drafter for `{base_model}`: a
+A LongSpark (`transformers-longspark`) speculative-decoding drafter for `{base_model}`: a
 block-diffusion network that proposes {block_size} tokens per round from a fixed-size view of the target (boundary
 state, the last {window_size} KV rows and a {num_summary_queries}-entry attention summary of target layers
 {target_layer_ids}). Outputs are identical to the target's own; only the speed changes.
@@ -69,6 +69,10 @@ def _results_table(report: dict[str, Any]) -> str:
             f"| {r['workload']} | {r['mode']} | {r['label']} | {r['tau']:.2f} | {r['tokens_per_s']:.1f} "
             f"| {r['speedup']:.2f}x | {identical} |"
         )
+    slow = [r for r in rows if r["method"] == "longspark" and r["speedup"] < 1.0]
+    if slow:
+        lines += ["", f"**On this machine the drafter is slower than plain generation ({min(r['speedup'] for r in slow):.2f}x "
+                  "at worst): its accepted length does not yet pay for the drafting and the wider verification.**"]  # fmt: skip
     return "\n".join(lines)
 
 
