@@ -30,7 +30,7 @@ from .configuration_longspark import LongSparkConfig
 from .context_state import DraftContext, prefix_summaries
 from .loading import load_target
 from .modeling_longspark import LongSparkDrafterModel
-from .targets import HiddenStateCapture, check_target_compatible, target_modules
+from .targets import HiddenStateCapture, TargetModules, check_target_compatible, target_modules
 
 logger = logging.getLogger(__name__)
 
@@ -131,11 +131,10 @@ class TeacherForcedBatch:
 
 
 @torch.no_grad()
-def _target_pass(target, config: LongSparkConfig, ids: torch.LongTensor):
+def _target_pass(target, modules: TargetModules, config: LongSparkConfig, ids: torch.LongTensor):
     """One forward of the frozen target: selected hidden states, selected K/V rows, final normed hidden states."""
     from transformers import DynamicCache
 
-    modules = target_modules(target)
     capture = HiddenStateCapture(modules.layers, config.target_layer_ids, keep=None)
     cache = DynamicCache(config=target.config)
     try:
@@ -153,7 +152,8 @@ def teacher_forced_batch(
     config = drafter.config
     ids = sequence.ids.to(drafter.device)
     anchors = anchors.to(ids.device)
-    hidden, kv, final_hidden = _target_pass(target, config, ids)
+    modules = target_modules(target)
+    hidden, kv, final_hidden = _target_pass(target, modules, config, ids)
     num_rows = ids.shape[0]
     steps = torch.arange(config.block_size, device=ids.device)
 
@@ -164,7 +164,6 @@ def teacher_forced_batch(
     previous_ids = ids[label_positions - 1]
     block_ids = torch.full_like(labels, config.mask_token_id)
     block_ids[:, 0] = ids[anchors]
-    modules = target_modules(target)
     with torch.no_grad():
         target_logits = modules.lm_head(final_hidden[label_positions - 1]).float()
 
