@@ -20,7 +20,7 @@ from transformers_longspark.training import (
 
 
 def direct_loss(logits, target_logits, labels, valid, lam=0.1, decay=4.0):
-    """Equation (9) written out anchor by anchor, position by position."""
+    """Equation (9) written out anchor by anchor, position by position, over the full vocabulary."""
     total = weight_sum = 0.0
     for a in range(labels.shape[0]):
         for i in range(labels.shape[1]):
@@ -28,18 +28,37 @@ def direct_loss(logits, target_logits, labels, valid, lam=0.1, decay=4.0):
                 continue
             q, p = logits[a, i].softmax(-1), target_logits[a, i].softmax(-1)
             w = torch.exp(torch.tensor(-i / decay))
-            total += w * (lam * -torch.log(q[labels[a, i]]) + (1 - lam) * (p - q).abs().sum())
+            nll = -torch.log(q[labels[a, i]]) if q[labels[a, i]] > 0 else 0.0  # no CE for undraftable labels
+            total += w * (lam * nll + (1 - lam) * (p - q).abs().sum())
             weight_sum += w
     return total / weight_sum
 
 
-def test_loss_matches_direct_computation():
-    torch.manual_seed(0)
-    logits, target_logits = torch.randn(5, 7, 11), 3 * torch.randn(5, 7, 11)
-    labels = torch.randint(0, 11, (5, 7))
+def loss_case(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    logits, target_logits = torch.randn(5, 7, 11, generator=g), 3 * torch.randn(5, 7, 11, generator=g)
+    labels = torch.randint(0, 11, (5, 7), generator=g)
     valid = torch.ones(5, 7, dtype=torch.bool)
     valid[3, 4:] = valid[4, 1:] = False
-    torch.testing.assert_close(draft_loss(logits, target_logits, labels, valid), direct_loss(logits, target_logits, labels, valid))
+    return logits, target_logits, labels, valid
+
+
+def test_loss_matches_direct_computation():
+    logits, target_logits, labels, valid = loss_case()
+    expected = direct_loss(logits, target_logits, labels, valid)
+    torch.testing.assert_close(draft_loss(logits, target_logits.softmax(-1), labels, valid), expected)
+
+
+def test_loss_with_a_draft_vocabulary_is_the_full_vocabulary_loss_with_q_zero_outside_it():
+    logits, target_logits, labels, valid = loss_case(1)
+    draft_vocab = torch.tensor([0, 2, 3, 7, 10])
+    full_logits = torch.full_like(logits, float("-inf"))
+    full_logits[..., draft_vocab] = logits[..., draft_vocab]
+    index = torch.full((11,), -1)
+    index[draft_vocab] = torch.arange(5)
+    assert (index[labels] == -1).any() and (index[labels] >= 0).any()
+    loss = draft_loss(logits[..., draft_vocab], target_logits.softmax(-1)[..., draft_vocab], index[labels], valid)
+    torch.testing.assert_close(loss, direct_loss(full_logits, target_logits, labels, valid))
 
 
 @pytest.mark.parametrize("overrides", [{}, {"use_global_summary": False}, {"use_recent_window": False},
@@ -72,7 +91,7 @@ def test_training_views_and_logits_equal_inference(target_kind, overrides):
         torch.testing.assert_close(single, batched[a : a + 1], rtol=1e-4, atol=1e-4)
         p = target(ids[None, : t + 7]).logits[0, t : t + 7]
         n = int(batch.valid[a].sum())
-        torch.testing.assert_close(batch.target_logits[a, :n], p[:n], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(batch.target_probs[a, :n], p[:n].softmax(-1), rtol=1e-4, atol=1e-5)
 
 
 def write_records(path, num=6, length=24, prompt=4, seed=0):
@@ -171,6 +190,14 @@ def test_model_card_from_a_benchmark_report(tmp_path):
         assert field in metadata
     assert "| 3.25 | 20.0 | 1.60x | yes |" in card and "longspark bench --json bench.json" in card
     assert f"{sum(p.numel() for p in drafter.parameters()):,} parameters" in card
+
+    # Two stages: the second continues the first, so its sequences and tokens are counted after the first's.
+    log2 = tmp_path / "log2.jsonl"
+    log2.write_text('{"step": 3, "sequences": 12, "loss": 1.0, "eval_loss": 1.5, "eval_tau": 2.5}\n')
+    card = write_model_card(tmp_path / "drafter", tmp_path / "bench.json", [config_path, config_path],
+                            training_log=[log, log2], tokens_per_sequence=100).read_text()  # fmt: skip
+    assert "| 1 | 2 | 8 | 800 | 2.500 | 1.25 |" in card and "| 2 | 3 | 20 | 2,000 | 1.500 | 2.50 |" in card
+    assert "in 2 stages" in card and "Stage 2, `longspark train --config train.yaml`" in card
     (tmp_path / "drafter" / "README.md").unlink()
     with pytest.raises(ValueError, match="README.md"):
         push_drafter(tmp_path / "drafter", "org/name")

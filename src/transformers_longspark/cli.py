@@ -27,10 +27,12 @@ def _run_train(args: argparse.Namespace) -> None:
 def _add_card_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("drafter_dir", type=Path, help="folder with the drafter's config.json and model.safetensors")
     parser.add_argument("--benchmark", required=True, type=Path, help="JSON report of `longspark bench`")
-    parser.add_argument("--training-config", type=Path, help="the training config the drafter was trained with")
+    parser.add_argument("--training-config", type=Path, nargs="+",
+                        help="the training config(s) the drafter was trained with, one per stage")
     parser.add_argument("--base-model", default="HuggingFaceTB/SmolLM2-135M-Instruct", help="Hub id of the target")
     parser.add_argument("--repo-id", help="Hub id the drafter will be pushed to (for the usage snippet)")
-    parser.add_argument("--training-log", type=Path, help="the trainer's log.jsonl: adds the held-out tau curve")
+    parser.add_argument("--training-log", type=Path, nargs="+",
+                        help="the trainer's log.jsonl, one per stage: adds the held-out tau curve")
     parser.add_argument("--tokens-per-sequence", type=float, help="mean training sequence length, for the curve")
 
 

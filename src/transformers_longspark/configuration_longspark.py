@@ -47,6 +47,12 @@ class LongSparkConfig(PreTrainedConfig):
         window_size (`int`): `W`, recent KV rows read from each selected layer, defaults to 256.
         num_summary_queries (`int`): `m`, learned summary queries per selected layer and KV head, defaults to 16.
         markov_rank (`int`): rank `r` of the Markov correction `W_c(e_c(prev))`.
+        draft_vocab_size (`int`, *optional*): when set, the drafter proposes only this many target tokens (the
+            ids in its `draft_vocab` buffer, the most frequent in its training data) and scores them with the
+            matching rows of the target's LM head. This is a cost cut for small targets, where the full-vocabulary
+            head is a large share of a round (EAGLE-3 / FR-Spec do the same). Outputs stay lossless: the other
+            tokens get draft probability 0, and the verifier still gives them their exact target probability.
+            `None` (the paper) uses the whole vocabulary.
         mask_token_id (`int`): token whose target embedding fills the masked slots.
         use_global_summary, use_boundary_state, use_recent_window (`bool`): ablation switches (paper, Table 4).
         full_prefix_context (`bool`): baseline mode that attends to ALL KV rows of the paired target layers instead
@@ -76,6 +82,7 @@ class LongSparkConfig(PreTrainedConfig):
     window_size: int = 256
     num_summary_queries: int = 16
     markov_rank: int = 256
+    draft_vocab_size: int | None = None
     mask_token_id: int = 0
     use_global_summary: bool = True
     use_boundary_state: bool = True
@@ -94,6 +101,11 @@ class LongSparkConfig(PreTrainedConfig):
         for name in ("block_size", "window_size", "num_summary_queries", "markov_rank", "summary_chunk_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be >= 1, got {getattr(self, name)}.")
+        if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(
+                f"`draft_vocab_size` must be between 1 and vocab_size ({self.vocab_size}), got "
+                f"{self.draft_vocab_size}; use None for the full vocabulary."
+            )
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"`num_attention_heads` ({self.num_attention_heads}) must be a multiple of "
@@ -110,6 +122,11 @@ class LongSparkConfig(PreTrainedConfig):
     def num_draft_layers(self) -> int:
         """`D`: one draft layer per selected target layer."""
         return len(self.target_layer_ids)
+
+    @property
+    def output_vocab_size(self) -> int:
+        """Number of tokens the drafter scores: `draft_vocab_size` when set, else `vocab_size`."""
+        return self.draft_vocab_size or self.vocab_size
 
     @classmethod
     def from_target_config(cls, target_config: PreTrainedConfig, **overrides: Any) -> LongSparkConfig:

@@ -156,7 +156,7 @@ class LongSparkCandidateGenerator(CandidateGenerator):
         candidate_ids, drafted_logits = input_ids, []
         previous = input_ids[:, -1]
         for i in range(num_tokens):
-            logits = base_logits[:, i] + self.drafter.markov_correction(previous).float()
+            logits = self.drafter.to_target_vocab(base_logits[:, i] + self.drafter.markov_correction(previous).float())
             if self.logits_processor is not None:
                 logits = self.logits_processor(candidate_ids, logits)
             if self.do_sample:

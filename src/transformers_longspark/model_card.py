@@ -20,7 +20,7 @@ CARD_TEMPLATE = """---
 A LongSpark (`transformers-longspark`) speculative-decoding drafter for `{base_model}`: a
 block-diffusion network that proposes {block_size} tokens per round from a fixed-size view of the target (boundary
 state, the last {window_size} KV rows and a {num_summary_queries}-entry attention summary of target layers
-{target_layer_ids}). Outputs are identical to the target's own; only the speed changes.
+{target_layer_ids}). Outputs are identical to the target's own; only the speed changes.{vocabulary}
 
 ## Usage
 
@@ -84,54 +84,71 @@ def _machine(report: dict[str, Any]) -> str:
     )
 
 
-def _training(training_config: Path | None) -> str:
-    if training_config is None:
+def _as_list(value: str | Path | list | None) -> list[Path]:
+    if value is None:
+        return []
+    return [Path(v) for v in value] if isinstance(value, (list, tuple)) else [Path(value)]
+
+
+def _training(training_configs: list[Path]) -> str:
+    """The recipe of each training stage; a later stage starts from the drafter the previous one produced."""
+    if not training_configs:
         return "See the training configuration shipped with the drafter."
-    values = yaml.safe_load(Path(training_config).read_text())
-    keys = ("train_data", "max_seq_len", "anchors_per_sequence", "gradient_accumulation_steps", "learning_rate",
-            "warmup_ratio", "epochs", "max_steps", "drafter")  # fmt: skip
-    recipe = "\n".join(f"- `{k}`: {values[k]}" for k in keys if k in values)
-    return (
+    keys = ("init_drafter", "train_data", "max_seq_len", "anchors_per_sequence", "gradient_accumulation_steps",
+            "learning_rate", "warmup_ratio", "epochs", "max_steps", "mixed_precision", "drafter")  # fmt: skip
+    parts = [
         "Distilled from the frozen target on its own regenerated responses (SPEC section 4: loss "
-        "`0.1 * CE + 0.9 * ||p - q||_1` with position weights `exp(-(i-1)/4)`), with "
-        f"`longspark train --config {Path(training_config).name}`:\n\n{recipe}"
-    )
+        "`0.1 * CE + 0.9 * ||p - q||_1` with position weights `exp(-(i-1)/4)`)"
+        + (":" if len(training_configs) == 1 else f", in {len(training_configs)} stages:")
+    ]
+    for number, path in enumerate(training_configs, 1):
+        values = yaml.safe_load(path.read_text())
+        recipe = "\n".join(f"- `{k}`: {values[k]}" for k in keys if k in values)
+        stage = f"Stage {number}, " if len(training_configs) > 1 else ""
+        parts.append(f"{stage}`longspark train --config {path.name}`:\n\n{recipe}")
+    return "\n\n".join(parts)
 
 
-def _training_curve(training_log: Path | None, tokens_per_sequence: float | None) -> str:
-    """Held-out loss and tau against training sequences (and tokens), from the trainer's `log.jsonl`."""
-    if training_log is None:
-        return ""
-    records = [json.loads(line) for line in Path(training_log).read_text().splitlines() if line.strip()]
-    evals = [r for r in records if "eval_tau" in r]
-    if not evals:
+def _training_curve(training_logs: list[Path], tokens_per_sequence: float | None) -> str:
+    """Held-out loss and tau against training sequences (and tokens), from the trainers' `log.jsonl` files.
+
+    With several stages, sequences and tokens are cumulative over the stages."""
+    rows, offset = [], 0
+    for stage, path in enumerate(training_logs, 1):
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        for r in records:
+            if "eval_tau" in r:
+                rows.append((stage, r, offset + r["sequences"] if r.get("sequences") else None))
+        offset += max((r.get("sequences") or 0 for r in records), default=0)
+    if not rows:
         return ""
     lines = ["Held-out evaluation during training (greedy tau on held-out prompts):", "",
-             "| step | sequences | tokens | held-out loss | tau |", "|---:|---:|---:|---:|---:|"]  # fmt: skip
-    for r in evals:
-        sequences = r.get("sequences")
+             "| stage | step | sequences | tokens | held-out loss | tau |", "|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for stage, r, sequences in rows:
         tokens = f"{sequences * tokens_per_sequence:,.0f}" if sequences and tokens_per_sequence else "-"
-        lines.append(f"| {r['step']} | {sequences or '-'} | {tokens} | {r['eval_loss']:.3f} | {r['eval_tau']:.2f} |")
+        lines.append(f"| {stage} | {r['step']} | {sequences or '-'} | {tokens} | {r['eval_loss']:.3f} | {r['eval_tau']:.2f} |")
     return "\n".join(lines)
 
 
 def write_model_card(
     drafter_dir: str | Path,
     benchmark_json: str | Path,
-    training_config: str | Path | None = None,
+    training_config: str | Path | list[str | Path] | None = None,
     base_model: str = "HuggingFaceTB/SmolLM2-135M-Instruct",
     repo_id: str | None = None,
-    training_log: str | Path | None = None,
+    training_log: str | Path | list[str | Path] | None = None,
     tokens_per_sequence: float | None = None,
 ) -> Path:
-    """Writes `drafter_dir/README.md` (YAML metadata, usage, measured tau and speedup, recipe) from a speed report."""
+    """Writes `drafter_dir/README.md` (YAML metadata, usage, measured tau and speedup, recipe) from a speed report.
+
+    `training_config` / `training_log` may list several stages (each continuing the previous one's drafter)."""
     drafter_dir = Path(drafter_dir)
     config = LongSparkConfig.from_pretrained(drafter_dir)
     report = json.loads(Path(benchmark_json).read_text())
     if report.get("benchmark") != "speed":
         raise ValueError(f"{benchmark_json} is not a `longspark bench` speed report (its 'benchmark' field).")
     with safe_open(str(drafter_dir / "model.safetensors"), "pt") as weights:
-        num_parameters = sum(math.prod(weights.get_slice(k).get_shape()) for k in weights.keys())
+        num_parameters = sum(math.prod(weights.get_slice(k).get_shape()) for k in weights.keys() if k != "draft_vocab")
     metadata = {
         "base_model": base_model,
         "library_name": "transformers",
@@ -150,8 +167,11 @@ def write_model_card(
         results=_results_table(report),
         command=report.get("command", "longspark bench"),
         machine=_machine(report),
-        training=_training(Path(training_config) if training_config else None),
-        curve=_training_curve(Path(training_log) if training_log else None, tokens_per_sequence),
+        training=_training(_as_list(training_config)),
+        curve=_training_curve(_as_list(training_log), tokens_per_sequence),
+        vocabulary=(f" It proposes tokens from a {config.draft_vocab_size}-token draft vocabulary (the most frequent in "
+                    "its training data); the others get draft probability 0, which keeps outputs exact.")
+        if config.draft_vocab_size else "",
         num_parameters=num_parameters,
     )
     path = drafter_dir / "README.md"

@@ -4,10 +4,14 @@ One forward serves training and inference: `B` block slots (the anchor token and
 Qwen3-style layers; draft layer `j` attends, with one softmax and bidirectionally among the slots, to
 `[block; recent window of target layer S[j]; global summary of S[j]]`. The target's final norm and LM head give
 base logits, and a low-rank Markov correction `W_c(e_c(prev))` adds the dependence on the previous token.
+
+With `config.draft_vocab_size` set, the drafter scores only the tokens of its `draft_vocab` buffer (rows of the
+target's LM head gathered once per `bind_target`); `to_target_vocab` puts such logits back in the target's vocabulary.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,9 +33,10 @@ from .targets import TargetModules, target_modules
 class LongSparkDrafterOutput(ModelOutput):
     """
     Args:
-        logits: `(N, B, vocab_size)`; slot `i - 1` scores draft token `y_i`. Markov-corrected when
-            `previous_ids` was given, base logits otherwise.
-        base_logits: `(N, B, vocab_size)`, before the Markov correction.
+        logits: `(N, B, output_vocab_size)`; slot `i - 1` scores draft token `y_i`. Markov-corrected when
+            `previous_ids` was given, base logits otherwise. Column `k` scores token `draft_vocab[k]` when the
+            drafter has a draft vocabulary, token `k` otherwise.
+        base_logits: `(N, B, output_vocab_size)`, before the Markov correction.
     """
 
     logits: torch.Tensor | None = None
@@ -137,14 +142,72 @@ class LongSparkDrafterModel(LongSparkPreTrainedModel):
             torch.empty(d, config.num_key_value_heads, config.num_summary_queries, config.head_dim)
         )
         self.markov_embed = nn.Embedding(config.vocab_size, config.markov_rank)
-        self.markov_proj = nn.Linear(config.markov_rank, config.vocab_size, bias=False)
+        self.markov_proj = nn.Linear(config.markov_rank, config.output_vocab_size, bias=False)
+        if config.draft_vocab_size is not None:
+            # Saved with the weights; set it from training-data token counts with `set_draft_vocab`.
+            self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size))
         self._target: TargetModules | None = None
+        self._output_head: tuple[torch.Tensor, torch.Tensor | None] | None = None
         self.drafting_stats = None  # a `DraftingStats`, set by each assisted `generate` call
         self.post_init()
 
     def bind_target(self, target: PreTrainedModel) -> None:
         """Uses `target`'s embedding, final norm, LM head and rotary embedding (frozen, not stored)."""
         self._target = target_modules(target)
+        self._bind_output_head()
+
+    def _bind_output_head(self) -> None:
+        lm_head = self._target.lm_head
+        weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
+        if self.config.draft_vocab_size is not None:
+            rows = self.draft_vocab.to(weight.device)
+            weight, bias = weight.detach()[rows], None if bias is None else bias.detach()[rows]  # frozen copies
+        self._output_head = (weight, bias)
+
+    def set_draft_vocab(self, token_ids: torch.LongTensor) -> None:
+        """Sets the `draft_vocab_size` target token ids the drafter proposes (distinct, any order)."""
+        size = self.config.draft_vocab_size
+        if size is None:
+            raise ValueError("This drafter drafts over the full vocabulary; build it with `draft_vocab_size` set.")
+        token_ids = torch.as_tensor(token_ids, dtype=torch.long).flatten()
+        if token_ids.numel() != size or token_ids.unique().numel() != size:
+            raise ValueError(f"A draft vocabulary needs {size} distinct token ids, got {token_ids.numel()} "
+                             f"({token_ids.unique().numel()} distinct).")  # fmt: skip
+        if int(token_ids.min()) < 0 or int(token_ids.max()) >= self.config.vocab_size:
+            raise ValueError(f"Draft vocabulary ids must lie in [0, {self.config.vocab_size}).")
+        self.draft_vocab.copy_(token_ids)
+        if self._target is not None:
+            self._bind_output_head()
+
+    def with_draft_vocab(self, token_ids: torch.LongTensor) -> LongSparkDrafterModel:
+        """A copy of this full-vocabulary drafter that proposes only `token_ids` (its Markov rows are sliced)."""
+        if self.config.draft_vocab_size is not None:
+            raise ValueError("This drafter already has a draft vocabulary.")
+        token_ids = torch.as_tensor(token_ids, dtype=torch.long).flatten()
+        config = copy.deepcopy(self.config)
+        config.draft_vocab_size = token_ids.numel()
+        model = type(self)(config).to(device=self.device, dtype=self.dtype)
+        model.set_draft_vocab(token_ids)
+        state = self.state_dict()
+        state["markov_proj.weight"] = state["markov_proj.weight"][token_ids.to(self.device)]
+        state["draft_vocab"] = model.draft_vocab
+        model.load_state_dict(state)
+        return model
+
+    def to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """`(..., output_vocab_size)` drafter logits -> `(..., vocab_size)`, `-inf` for tokens it cannot propose."""
+        if self.config.draft_vocab_size is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.draft_vocab.to(logits.device), logits)
+
+    def draft_indices(self, token_ids: torch.LongTensor) -> torch.LongTensor:
+        """Column of each target token id in the drafter's logits, `-1` for tokens outside its draft vocabulary."""
+        if self.config.draft_vocab_size is None:
+            return token_ids
+        index = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=token_ids.device)
+        index[self.draft_vocab.to(token_ids.device)] = torch.arange(self.config.draft_vocab_size, device=token_ids.device)
+        return index[token_ids]
 
     @property
     def target(self) -> TargetModules:
@@ -156,7 +219,7 @@ class LongSparkDrafterModel(LongSparkPreTrainedModel):
         return self._target
 
     def markov_correction(self, previous_ids: torch.LongTensor) -> torch.Tensor:
-        """`W_c(e_c(prev))`: `(..., vocab_size)` logit correction given the previous token ids `(...)`."""
+        """`W_c(e_c(prev))`: `(..., output_vocab_size)` logit correction given the previous token ids `(...)`."""
         return self.markov_proj(self.markov_embed(previous_ids))
 
     def forward(
@@ -194,7 +257,8 @@ class LongSparkDrafterModel(LongSparkPreTrainedModel):
                 values.append(context.summary_values[j])
             hidden = layer(hidden, position_embeddings, keys, values, key_mask)
 
-        base_logits = target.lm_head(target.norm(hidden).to(target.lm_head.weight.dtype)).float()
+        weight, bias = self._output_head
+        base_logits = F.linear(target.norm(hidden).to(weight.dtype), weight, bias).float()
         logits = base_logits if previous_ids is None else base_logits + self.markov_correction(previous_ids).float()
         return LongSparkDrafterOutput(logits=logits, base_logits=base_logits)
 

@@ -124,9 +124,9 @@ class TeacherForcedBatch:
 
     block_ids: torch.LongTensor  # (A, B): [a, MASK, ...]
     previous_ids: torch.LongTensor  # (A, B): true predecessor of each draft token
-    labels: torch.LongTensor  # (A, B): x[t+1+i]
+    labels: torch.LongTensor  # (A, B): drafter-logit column of x[t+1+i]; -1 when the drafter cannot propose it
     valid: torch.BoolTensor  # (A, B): label exists
-    target_logits: torch.Tensor  # (A, B, V): target logits for each label (teacher forcing)
+    target_probs: torch.Tensor  # (A, B, V'): teacher-forced p_i of the tokens the drafter scores
     context: DraftContext
 
 
@@ -160,12 +160,17 @@ def teacher_forced_batch(
     label_positions = anchors[:, None] + 1 + steps  # x[t+1+i], i = 0..B-1
     valid = label_positions < num_rows
     label_positions = label_positions.clamp(max=num_rows - 1)
-    labels = ids[label_positions]
     previous_ids = ids[label_positions - 1]
-    block_ids = torch.full_like(labels, config.mask_token_id)
+    block_ids = torch.full_like(previous_ids, config.mask_token_id)
     block_ids[:, 0] = ids[anchors]
+    labels = drafter.draft_indices(ids[label_positions])
+    # Anchors' blocks overlap, so the target distributions are computed once per distinct position.
+    positions, inverse = torch.unique(label_positions - 1, return_inverse=True)
     with torch.no_grad():
-        target_logits = modules.lm_head(final_hidden[label_positions - 1]).float()
+        log_p = modules.lm_head(final_hidden[positions]).float().log_softmax(dim=-1)
+        if config.draft_vocab_size is not None:
+            log_p = log_p[:, drafter.draft_vocab.to(log_p.device)]
+        target_probs = log_p.exp()[inverse]
 
     boundary = torch.cat([h[0, anchors - 1] for h in hidden], dim=-1)
     window_keys, window_values, window_mask = [], [], None
@@ -183,12 +188,12 @@ def teacher_forced_batch(
         for j, (keys, values) in enumerate(kv):
             summary_values.append(prefix_summaries(drafter.summary_queries[j], keys, values, anchors))
     context = DraftContext(boundary, window_keys, window_values, window_mask, summary_values, anchors)
-    return TeacherForcedBatch(block_ids, previous_ids, labels, valid, target_logits, context)
+    return TeacherForcedBatch(block_ids, previous_ids, labels, valid, target_probs, context)
 
 
 def draft_loss(
     logits: torch.Tensor,
-    target_logits: torch.Tensor,
+    target_probs: torch.Tensor,
     labels: torch.LongTensor,
     valid: torch.BoolTensor,
     ce_weight: float = 0.1,
@@ -196,12 +201,17 @@ def draft_loss(
 ) -> torch.Tensor:
     """`sum_i w_i [lam * -log q_i(x) + (1 - lam) * ||p_i - q_i||_1] / sum_i w_i` over valid positions.
 
+    With a draft vocabulary, `q_i` is 0 outside it: those tokens add their target mass `1 - sum(target_probs)` to
+    the L1 distance, and a label outside it (`-1`) adds no cross-entropy term (its `-log q` is infinite).
+
     Args:
-        logits / target_logits: `(A, B, V)` drafter and target logits; labels / valid: `(A, B)`.
+        logits: `(A, B, V')` drafter logits. target_probs: `(A, B, V')` target probabilities of the same tokens.
+        labels: `(A, B)` column of the true token in `logits`, or `-1`. valid: `(A, B)`, False past the sequence.
     """
     log_q = F.log_softmax(logits.float(), dim=-1)
-    nll = -log_q.gather(-1, labels[..., None])[..., 0]
-    l1 = (F.softmax(target_logits.float(), dim=-1) - log_q.exp()).abs().sum(-1)
+    nll = -log_q.gather(-1, labels.clamp(min=0)[..., None])[..., 0] * (labels >= 0)
+    unreachable_mass = (1.0 - target_probs.sum(-1)).clamp(min=0.0)
+    l1 = (target_probs - log_q.exp()).abs().sum(-1) + unreachable_mass
     positions = torch.arange(labels.shape[1], device=labels.device, dtype=torch.float32)
     weights = torch.exp(-positions / position_decay)[None].expand_as(nll) * valid
     per_position = ce_weight * nll + (1.0 - ce_weight) * l1
@@ -212,17 +222,42 @@ def sequence_loss(target, drafter, sequence: Sequence, anchors: torch.LongTensor
     model = drafter.module if hasattr(drafter, "module") else drafter
     batch = teacher_forced_batch(target, model, sequence, anchors)
     logits = drafter(batch.block_ids, batch.context, batch.previous_ids).logits
-    return draft_loss(logits, batch.target_logits, batch.labels, batch.valid, config.ce_weight, config.position_decay)
+    return draft_loss(logits, batch.target_probs, batch.labels, batch.valid, config.ce_weight, config.position_decay)
 
 
 # --- the run ----------------------------------------------------------------------------------------------------
 
 
-def build_drafter(config: TrainingConfig, target) -> LongSparkDrafterModel:
+def most_frequent_tokens(sequences: list[Sequence], size: int, vocab_size: int, always: list[int] = ()) -> torch.LongTensor:
+    """The `size` token ids most frequent in `sequences` (ties and unseen slots go to the lowest ids, which BPE
+    vocabularies give their most frequent merges), always including the ids in `always` (e.g. EOS)."""
+    counts = torch.zeros(vocab_size, dtype=torch.float64)
+    for sequence in sequences:
+        counts += torch.bincount(sequence.ids, minlength=vocab_size)[:vocab_size].double()
+    counts[torch.as_tensor(list(always), dtype=torch.long)] = float("inf")
+    # A tiny decreasing tie-break makes the order deterministic: higher count first, then lower id.
+    order = torch.argsort(counts - torch.arange(vocab_size, dtype=torch.float64) / vocab_size, descending=True)
+    return order[:size].sort().values
+
+
+def build_drafter(config: TrainingConfig, target, sequences: list[Sequence]) -> LongSparkDrafterModel:
+    """A fresh drafter, or `init_drafter`; gets a draft vocabulary from `sequences` when its config asks for one."""
     if config.init_drafter:
         drafter = LongSparkDrafterModel.from_pretrained(config.init_drafter, dtype=torch.float32)
     else:
         drafter = LongSparkDrafterModel(LongSparkConfig.from_target_config(target.config, **config.drafter))
+    size = config.drafter.get("draft_vocab_size")
+    if size is not None and drafter.config.draft_vocab_size not in (None, size):
+        raise ValueError(f"init_drafter has a draft vocabulary of {drafter.config.draft_vocab_size} tokens, but the "
+                         f"config asks for {size}; remove `draft_vocab_size` from `drafter:` to keep it.")  # fmt: skip
+    if size is not None and (config.init_drafter is None or drafter.config.draft_vocab_size is None):
+        eos = target.generation_config.eos_token_id if target.generation_config is not None else None
+        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        token_ids = most_frequent_tokens(sequences, size, drafter.config.vocab_size, always=eos)
+        if drafter.config.draft_vocab_size is None:  # a full-vocabulary init_drafter, restricted
+            drafter = drafter.with_draft_vocab(token_ids)
+        else:
+            drafter.set_draft_vocab(token_ids)
     check_target_compatible(drafter.config, target)
     drafter.bind_target(target)
     return drafter
@@ -262,7 +297,7 @@ class Trainer:
         self.eval_sequences = (
             load_sequences(config.eval_data, config.max_seq_len)[: config.eval_sequences] if config.eval_data else []
         )
-        drafter = build_drafter(config, target)
+        drafter = build_drafter(config, target, self.train_sequences)
         optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.learning_rate,
                                       weight_decay=config.weight_decay, betas=(0.9, 0.95))  # fmt: skip
         self.total_steps = self._total_steps()
@@ -407,6 +442,7 @@ class Trainer:
             return
         latest = checkpoints[-1]
         self.accelerator.load_state(str(latest))
+        self.model.bind_target(self.target)  # re-gathers the LM-head rows of the restored draft vocabulary
         self.step = json.loads((latest / "trainer_state.json").read_text())["step"]
         logger.info("Resumed from %s (step %d).", latest, self.step)
 
