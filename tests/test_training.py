@@ -154,8 +154,10 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tmp_path, monkeyp
     assert resumed.step == straight.step == 6
     for (name, a), (_, b) in zip(straight.model.state_dict().items(), resumed.model.state_dict().items()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
-    logged = [json.loads(line)["step"] for line in (tmp_path / "b" / "run" / "log.jsonl").read_text().splitlines()]
-    assert logged == [1, 2, 3, 4, 5, 6]
+    logged = [json.loads(line) for line in (tmp_path / "b" / "run" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged] == [1, 2, 3, 4, 5, 6]
+    straight_log = [json.loads(line) for line in (tmp_path / "a" / "run" / "log.jsonl").read_text().splitlines()]
+    assert [r["tokens"] for r in logged] == [r["tokens"] for r in straight_log] == [48 * s for s in range(1, 7)]
 
 
 def test_config_file_and_unknown_fields(tmp_path):
@@ -193,10 +195,10 @@ def test_model_card_from_a_benchmark_report(tmp_path):
 
     # Two stages: the second continues the first, so its sequences and tokens are counted after the first's.
     log2 = tmp_path / "log2.jsonl"
-    log2.write_text('{"step": 3, "sequences": 12, "loss": 1.0, "eval_loss": 1.5, "eval_tau": 2.5}\n')
+    log2.write_text('{"step": 3, "sequences": 12, "tokens": 1234, "loss": 1.0, "eval_loss": 1.5, "eval_tau": 2.5}\n')
     card = write_model_card(tmp_path / "drafter", tmp_path / "bench.json", [config_path, config_path],
                             training_log=[log, log2], tokens_per_sequence=100).read_text()  # fmt: skip
-    assert "| 1 | 2 | 8 | 800 | 2.500 | 1.25 |" in card and "| 2 | 3 | 20 | 2,000 | 1.500 | 2.50 |" in card
+    assert "| 1 | 2 | 8 | 800 | 2.500 | 1.25 |" in card and "| 2 | 3 | 20 | 2,034 | 1.500 | 2.50 |" in card
     assert "in 2 stages" in card and "Stage 2, `longspark train --config train.yaml`" in card
     (tmp_path / "drafter" / "README.md").unlink()
     with pytest.raises(ValueError, match="README.md"):

@@ -110,22 +110,28 @@ def _training(training_configs: list[Path]) -> str:
 
 
 def _training_curve(training_logs: list[Path], tokens_per_sequence: float | None) -> str:
-    """Held-out loss and tau against training sequences (and tokens), from the trainers' `log.jsonl` files.
+    """Held-out loss and tau against training sequences and tokens, from the trainers' `log.jsonl` files.
 
-    With several stages, sequences and tokens are cumulative over the stages."""
-    rows, offset = [], 0
+    Stages are cumulative. Tokens come from the logs' `tokens` field, or `sequences * tokens_per_sequence` for logs
+    written without it."""
+    rows, sequence_offset, token_offset = [], 0, 0.0
     for stage, path in enumerate(training_logs, 1):
         records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         for r in records:
+            sequences = r.get("sequences") or 0
+            r["tokens"] = r.get("tokens", sequences * tokens_per_sequence if tokens_per_sequence else None)
             if "eval_tau" in r:
-                rows.append((stage, r, offset + r["sequences"] if r.get("sequences") else None))
-        offset += max((r.get("sequences") or 0 for r in records), default=0)
+                tokens = None if r["tokens"] is None else token_offset + r["tokens"]
+                rows.append((stage, r, sequence_offset + sequences if sequences else None, tokens))
+        if records:
+            sequence_offset += records[-1].get("sequences") or 0
+            token_offset += records[-1]["tokens"] or 0
     if not rows:
         return ""
-    lines = ["Held-out evaluation during training (greedy tau on held-out prompts):", "",
+    lines = ["Held-out evaluation during training (greedy tau on held-out prompts; stages are cumulative):", "",
              "| stage | step | sequences | tokens | held-out loss | tau |", "|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
-    for stage, r, sequences in rows:
-        tokens = f"{sequences * tokens_per_sequence:,.0f}" if sequences and tokens_per_sequence else "-"
+    for stage, r, sequences, tokens in rows:
+        tokens = "-" if tokens is None else f"{tokens:,.0f}"
         lines.append(f"| {stage} | {r['step']} | {sequences or '-'} | {tokens} | {r['eval_loss']:.3f} | {r['eval_tau']:.2f} |")
     return "\n".join(lines)
 

@@ -305,6 +305,7 @@ class Trainer:
         scheduler = cosine_schedule(optimizer, self.total_steps * self.accelerator.num_processes, config.warmup_ratio)
         self.drafter, self.optimizer, self.scheduler = self.accelerator.prepare(drafter, optimizer, scheduler)
         self.step = 0
+        self.tokens_seen = 0  # target tokens of the sequences trained on, all processes
         self.output_dir = Path(config.output_dir)
         self.log_path = self.output_dir / "log.jsonl"
         self.tensorboard = self._tensorboard()
@@ -354,12 +355,13 @@ class Trainer:
                         desc="train", dynamic_ncols=True)  # fmt: skip
         self.drafter.train()
         while self.step < self.total_steps:
-            started, losses = time.perf_counter(), []
+            started, losses, tokens = time.perf_counter(), [], 0
             # Anchors depend on (seed, step) alone, so a resumed run draws the same anchors as an uninterrupted one.
             anchor_rng = torch.Generator().manual_seed(c.seed * 1_000_003 + self.step)
             for _ in range(c.gradient_accumulation_steps):
                 with self.accelerator.accumulate(self.drafter), self.accelerator.autocast():
                     sequences = next(micro_batches)
+                    tokens += sum(len(s.ids) for s in sequences)
                     loss = sum(
                         sequence_loss(self.target, self.drafter, s,
                                       sample_anchors(s, c.anchors_per_sequence, anchor_rng), c)  # fmt: skip
@@ -373,10 +375,12 @@ class Trainer:
                     self.optimizer.zero_grad()
                 losses.append(loss.item())
             self.step += 1
+            self.tokens_seen += int(self.accelerator.reduce(torch.tensor(tokens, device=self.accelerator.device), "sum"))
             progress.update(1)
             sequences_seen = self.step * c.gradient_accumulation_steps * c.sequences_per_step * self.accelerator.num_processes
-            record = {"step": self.step, "sequences": sequences_seen, "loss": sum(losses) / len(losses),
-                      "lr": self.scheduler.get_last_lr()[0], "seconds": time.perf_counter() - started}  # fmt: skip
+            record = {"step": self.step, "sequences": sequences_seen, "tokens": self.tokens_seen,
+                      "loss": sum(losses) / len(losses), "lr": self.scheduler.get_last_lr()[0],
+                      "seconds": time.perf_counter() - started}  # fmt: skip
             progress.set_postfix(loss=f"{record['loss']:.4f}")
             if self.step % c.eval_every == 0 or self.step == self.total_steps:
                 record.update(self.evaluate())
@@ -432,7 +436,8 @@ class Trainer:
         self.accelerator.save_state(str(path))
         if self.accelerator.is_main_process:
             self.model.save_pretrained(path / "drafter")
-            (path / "trainer_state.json").write_text(json.dumps({"step": self.step, "config": asdict(self.config)}))
+            state = {"step": self.step, "tokens_seen": self.tokens_seen, "config": asdict(self.config)}
+            (path / "trainer_state.json").write_text(json.dumps(state))
         return path
 
     def _load_latest_checkpoint(self) -> None:
@@ -443,7 +448,8 @@ class Trainer:
         latest = checkpoints[-1]
         self.accelerator.load_state(str(latest))
         self.model.bind_target(self.target)  # re-gathers the LM-head rows of the restored draft vocabulary
-        self.step = json.loads((latest / "trainer_state.json").read_text())["step"]
+        state = json.loads((latest / "trainer_state.json").read_text())
+        self.step, self.tokens_seen = state["step"], state.get("tokens_seen", 0)
         logger.info("Resumed from %s (step %d).", latest, self.step)
 
 
