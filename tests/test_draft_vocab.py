@@ -3,10 +3,9 @@
 import pytest
 import torch
 from transformers import AutoModel
-from transformers.generation import utils as generation_utils
 
 from conftest import make_bigram_target, make_drafter, make_oracle_drafter, make_target
-from test_generation import SAMPLING, chi_square_pvalue, exact_law, greedy_pair, sampled_counts
+from test_generation import chi_square_pvalue, exact_law, greedy_pair, sampled_counts, spy_on_verifier
 from test_training import tiny_config
 from transformers_longspark import LongSparkConfig
 from transformers_longspark.training import Sequence, Trainer, most_frequent_tokens, teacher_forced_batch
@@ -68,14 +67,7 @@ def test_verifier_gets_zero_draft_probability_outside_the_vocabulary(monkeypatch
     target = make_target("qwen3")
     drafter = make_drafter(target, block_size=BLOCK, draft_vocab_size=12)
     drafter.set_draft_vocab(torch.arange(12) * 5)
-    seen = []
-    original = generation_utils._speculative_sampling
-
-    def spy(candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs):
-        seen.append((candidate_input_ids[0, -candidate_length:], candidate_logits[0]))
-        return original(candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs)
-
-    monkeypatch.setattr(generation_utils, "_speculative_sampling", spy)
+    seen = spy_on_verifier(monkeypatch)
     target.generate(torch.randint(0, 64, (1, 6)), assistant_model=drafter, do_sample=True, max_new_tokens=20)
     assert seen
     outside = torch.ones(64, dtype=torch.bool)
@@ -93,7 +85,6 @@ def test_sampling_matches_the_exact_target_law():
     counts = sampled_counts(target, drafter, prompt)
     assert drafter.drafting_stats.drafted_tokens > 0
     assert chi_square_pvalue(counts, exact_law(target, prompt)) > 1e-3
-    assert SAMPLING["do_sample"]
 
 
 @pytest.mark.parametrize("token_ids, message", [([1, 2], "10 distinct"), ([1] * 10, "1 distinct"),

@@ -88,11 +88,8 @@ def test_generation_without_a_longspark_drafter_is_unchanged():
     assert torch.equal(plain, lookup)
 
 
-def test_draft_logits_are_the_distributions_the_candidates_were_sampled_from(monkeypatch):
-    """With every sampling option on, the logits handed to the verifier are the processed ones: tokens outside the
-    top-k are -inf in them, and every drafted token is finite there."""
-    target = make_target("qwen3")
-    drafter = make_drafter(target, block_size=BLOCK)
+def spy_on_verifier(monkeypatch) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Records `(drafted tokens, draft logits)` of every speculative-sampling verification."""
     seen = []
     original = generation_utils._speculative_sampling
 
@@ -101,6 +98,15 @@ def test_draft_logits_are_the_distributions_the_candidates_were_sampled_from(mon
         return original(candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs)
 
     monkeypatch.setattr(generation_utils, "_speculative_sampling", spy)
+    return seen
+
+
+def test_draft_logits_are_the_distributions_the_candidates_were_sampled_from(monkeypatch):
+    """With every sampling option on, the logits handed to the verifier are the processed ones: tokens outside the
+    top-k are -inf in them, and every drafted token is finite there."""
+    target = make_target("qwen3")
+    drafter = make_drafter(target, block_size=BLOCK)
+    seen = spy_on_verifier(monkeypatch)
     options = dict(do_sample=True, temperature=0.7, top_k=5, top_p=0.9, repetition_penalty=1.3, max_new_tokens=20)
     target.generate(torch.randint(0, 64, (1, 6)), assistant_model=drafter, **options)
     assert seen
