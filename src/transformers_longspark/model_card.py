@@ -119,7 +119,8 @@ def _training_curve(training_logs: list[Path], tokens_per_sequence: float | None
         records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         for r in records:
             sequences = r.get("sequences") or 0
-            r["tokens"] = r.get("tokens", sequences * tokens_per_sequence if tokens_per_sequence else None)
+            if "tokens" not in r:
+                r["tokens"] = sequences * tokens_per_sequence if sequences and tokens_per_sequence else None
             if "eval_tau" in r:
                 tokens = None if r["tokens"] is None else token_offset + r["tokens"]
                 rows.append((stage, r, sequence_offset + sequences if sequences else None, tokens))
@@ -175,8 +176,8 @@ def write_model_card(
         machine=_machine(report),
         training=_training(_as_list(training_config)),
         curve=_training_curve(_as_list(training_log), tokens_per_sequence),
-        vocabulary=(f" It proposes tokens from a {config.draft_vocab_size}-token draft vocabulary (the most frequent in "
-                    "its training data); the others get draft probability 0, which keeps outputs exact.")
+        vocabulary=(f" It proposes only the {config.draft_vocab_size:,} tokens most frequent in its training data "
+                    "(its draft vocabulary); the others get draft probability 0, which keeps outputs exact.")
         if config.draft_vocab_size else "",
         num_parameters=num_parameters,
     )
