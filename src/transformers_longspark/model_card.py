@@ -114,19 +114,21 @@ def _training_curve(training_logs: list[Path], tokens_per_sequence: float | None
 
     Stages are cumulative. Tokens come from the logs' `tokens` field, or `sequences * tokens_per_sequence` for logs
     written without it."""
+    def tokens_of(record: dict) -> float | None:
+        if "tokens" in record:
+            return record["tokens"]
+        sequences = record.get("sequences")
+        return sequences * tokens_per_sequence if sequences and tokens_per_sequence else None
+
     rows, sequence_offset, token_offset = [], 0, 0.0
     for stage, path in enumerate(training_logs, 1):
         records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        for r in records:
-            sequences = r.get("sequences") or 0
-            if "tokens" not in r:
-                r["tokens"] = sequences * tokens_per_sequence if sequences and tokens_per_sequence else None
-            if "eval_tau" in r:
-                tokens = None if r["tokens"] is None else token_offset + r["tokens"]
-                rows.append((stage, r, sequence_offset + sequences if sequences else None, tokens))
+        for r in (r for r in records if "eval_tau" in r):
+            sequences, tokens = r.get("sequences"), tokens_of(r)
+            rows.append((stage, r, sequences and sequence_offset + sequences, tokens and token_offset + tokens))
         if records:
             sequence_offset += records[-1].get("sequences") or 0
-            token_offset += records[-1]["tokens"] or 0
+            token_offset += tokens_of(records[-1]) or 0
     if not rows:
         return ""
     lines = ["Held-out evaluation during training (greedy tau on held-out prompts; stages are cumulative):", "",

@@ -144,7 +144,7 @@ class LongSparkDrafterModel(LongSparkPreTrainedModel):
         self.markov_embed = nn.Embedding(config.vocab_size, config.markov_rank)
         self.markov_proj = nn.Linear(config.markov_rank, config.output_vocab_size, bias=False)
         if config.draft_vocab_size is not None:
-            # Saved with the weights; set it from training-data token counts with `set_draft_vocab`.
+            # Saved with the weights; filled by `with_draft_vocab` or `set_draft_vocab`.
             self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size))
         self._target: TargetModules | None = None
         self._output_head: tuple[torch.Tensor, torch.Tensor | None] | None = None

@@ -241,23 +241,21 @@ def most_frequent_tokens(sequences: list[Sequence], size: int, vocab_size: int, 
 
 
 def build_drafter(config: TrainingConfig, target, sequences: list[Sequence]) -> LongSparkDrafterModel:
-    """A fresh drafter, or `init_drafter`; gets a draft vocabulary from `sequences` when its config asks for one."""
+    """A fresh drafter, or `init_drafter`; restricted to the tokens most frequent in `sequences` when the config sets
+    `drafter.draft_vocab_size` and the drafter does not have a draft vocabulary yet."""
+    size = config.drafter.get("draft_vocab_size")
     if config.init_drafter:
         drafter = LongSparkDrafterModel.from_pretrained(config.init_drafter, dtype=torch.float32)
     else:
-        drafter = LongSparkDrafterModel(LongSparkConfig.from_target_config(target.config, **config.drafter))
-    size = config.drafter.get("draft_vocab_size")
-    if size is not None and drafter.config.draft_vocab_size not in (None, size):
-        raise ValueError(f"init_drafter has a draft vocabulary of {drafter.config.draft_vocab_size} tokens, but the "
-                         f"config asks for {size}; remove `draft_vocab_size` from `drafter:` to keep it.")  # fmt: skip
-    if size is not None and (config.init_drafter is None or drafter.config.draft_vocab_size is None):
+        overrides = {k: v for k, v in config.drafter.items() if k != "draft_vocab_size"}
+        drafter = LongSparkDrafterModel(LongSparkConfig.from_target_config(target.config, **overrides))
+    if size is not None and drafter.config.draft_vocab_size is None:
         eos = target.generation_config.eos_token_id if target.generation_config is not None else None
         eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-        token_ids = most_frequent_tokens(sequences, size, drafter.config.vocab_size, always=eos)
-        if drafter.config.draft_vocab_size is None:  # a full-vocabulary init_drafter, restricted
-            drafter = drafter.with_draft_vocab(token_ids)
-        else:
-            drafter.set_draft_vocab(token_ids)
+        drafter = drafter.with_draft_vocab(most_frequent_tokens(sequences, size, drafter.config.vocab_size, always=eos))
+    elif size is not None and drafter.config.draft_vocab_size != size:
+        raise ValueError(f"init_drafter has a draft vocabulary of {drafter.config.draft_vocab_size} tokens, but the "
+                         f"config asks for {size}; remove `draft_vocab_size` from `drafter:` to keep it.")  # fmt: skip
     check_target_compatible(drafter.config, target)
     drafter.bind_target(target)
     return drafter
