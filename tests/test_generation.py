@@ -181,8 +181,10 @@ def sampling_setup():
     return target, drafter, prompt, exact_law(target, prompt)
 
 
-def test_sampling_matches_the_exact_target_law(sampling_setup):
+@pytest.mark.parametrize("threshold", [0.0, 0.4], ids=["whole-blocks", "confidence-cut"])
+def test_sampling_matches_the_exact_target_law(sampling_setup, threshold, monkeypatch):
     target, drafter, prompt, law = sampling_setup
+    monkeypatch.setattr(drafter.generation_config, "assistant_confidence_threshold", threshold)
     counts = sampled_counts(target, drafter, prompt)
     assert drafter.drafting_stats.drafted_tokens > 0
     assert chi_square_pvalue(counts, law) > 1e-3
@@ -217,3 +219,41 @@ def test_ablations_generate_losslessly(ablation):
     prompt = torch.randint(0, 64, (1, 30), generator=torch.Generator().manual_seed(1))
     reference, assisted = greedy_pair(target, drafter, prompt, max_new_tokens=20)
     assert torch.equal(reference, assisted)
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.5, 1.0])
+def test_confidence_threshold_ends_blocks_early_and_stays_exact(target_kind, threshold, monkeypatch):
+    """`assistant_confidence_threshold` drops every drafted token after the first whose draft probability is below
+    it: 1.0 leaves one token per round, 0 whole blocks."""
+    from transformers_longspark.generation import LongSparkCandidateGenerator
+
+    rounds = []  # (tokens allowed, draft probabilities of the tokens proposed)
+    original = LongSparkCandidateGenerator.propose
+
+    def spy(self, input_ids, context, num_tokens):
+        candidate_ids, logits = original(self, input_ids, context, num_tokens)
+        drafted = candidate_ids[0, input_ids.shape[1] :]
+        rounds.append((num_tokens, logits[0].softmax(-1)[torch.arange(len(drafted)), drafted]))
+        return candidate_ids, logits
+
+    monkeypatch.setattr(LongSparkCandidateGenerator, "propose", spy)
+    target = make_bigram_target(target_kind, vocab_size=64, seed=2)
+    drafter = make_oracle_drafter(target, strength=20.0, window_size=WINDOW, block_size=BLOCK)  # q of 0.2 to 0.9
+    drafter.generation_config.assistant_confidence_threshold = threshold
+    prompt = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(3))
+    reference, assisted = greedy_pair(target, drafter, prompt, max_new_tokens=30)
+    assert torch.equal(reference, assisted)
+    for allowed, probs in rounds:
+        assert (probs[1:] >= threshold).all()
+        assert len(probs) == (1 if threshold == 1.0 else allowed if threshold == 0.0 else len(probs))
+    if threshold == 0.5:  # some blocks are cut, and some keep more than their first token
+        assert any(len(p) < allowed for allowed, p in rounds) and any(len(p) > 1 for _, p in rounds)
+
+
+def test_confidence_threshold_is_saved_with_the_drafter(tmp_path):
+    from transformers_longspark import LongSparkDrafterModel
+
+    drafter = make_drafter(make_target("qwen3"))
+    drafter.generation_config.assistant_confidence_threshold = 0.25
+    drafter.save_pretrained(tmp_path)
+    assert LongSparkDrafterModel.from_pretrained(tmp_path).generation_config.assistant_confidence_threshold == 0.25

@@ -22,6 +22,7 @@ from transformers.generation.utils import GenerationMixin
 from .context_state import DraftContext, LongSparkContextState
 from .modeling_longspark import LongSparkDrafterModel
 from .targets import HiddenStateCapture, check_sliding_window, check_target_compatible, read_cache_rows
+from .verification import fast_verification
 
 
 @dataclass
@@ -78,6 +79,7 @@ class LongSparkCandidateGenerator(CandidateGenerator):
         self.eos_token_ids = getattr(generation_config, "_eos_token_tensor", None)
         self.max_length = generation_config.max_length
         self.mask_ids = torch.full((1, config.block_size - 1), config.mask_token_id, dtype=torch.long)
+        self.confidence_threshold = drafter.generation_config.assistant_confidence_threshold or 0.0
         self.boundary_from_prefill = True
         self.stats = drafter.drafting_stats = DraftingStats()
 
@@ -150,7 +152,10 @@ class LongSparkCandidateGenerator(CandidateGenerator):
     def propose(
         self, input_ids: torch.LongTensor, context: DraftContext, num_tokens: int
     ) -> tuple[torch.LongTensor, torch.Tensor]:
-        """Drafts up to `num_tokens` tokens; returns them appended to `input_ids` and their `(1, k, V)` logits."""
+        """Drafts up to `num_tokens` tokens; returns them appended to `input_ids` and their `(1, k, V)` logits.
+
+        The block ends early at an EOS, and before the first token after the first whose draft probability is below
+        `assistant_confidence_threshold` (dynamic block length: unlikely tokens are not worth verifying)."""
         block_ids = torch.cat([input_ids[:, -1:], self.mask_ids.to(input_ids.device)], dim=1)
         base_logits = self.drafter(block_ids, context).base_logits
         candidate_ids, drafted_logits = input_ids, []
@@ -159,10 +164,10 @@ class LongSparkCandidateGenerator(CandidateGenerator):
             logits = self.drafter.to_target_vocab(base_logits[:, i] + self.drafter.markov_correction(previous).float())
             if self.logits_processor is not None:
                 logits = self.logits_processor(candidate_ids, logits)
-            if self.do_sample:
-                token = torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1)
-            else:
-                token = logits.argmax(dim=-1, keepdim=True)
+            probs = torch.softmax(logits, dim=-1)
+            token = torch.multinomial(probs, num_samples=1) if self.do_sample else probs.argmax(dim=-1, keepdim=True)
+            if i > 0 and float(probs.gather(-1, token)) < self.confidence_threshold:
+                break
             candidate_ids = torch.cat([candidate_ids, token], dim=1)
             drafted_logits.append(logits)
             # Tokens after an EOS can never be kept, so the block ends there.
@@ -174,6 +179,7 @@ class LongSparkCandidateGenerator(CandidateGenerator):
 
 _original_get_candidate_generator = GenerationMixin._get_candidate_generator
 _original_validate_generation_mode = GenerationMixin._validate_generation_mode
+_original_assisted_decoding = GenerationMixin._assisted_decoding
 
 
 def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
@@ -183,6 +189,14 @@ def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, 
     return _original_get_candidate_generator(
         self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs, assistant_model, **kwargs
     )
+
+
+def _assisted_decoding(self, input_ids, *args, assistant_model=None, **kwargs):
+    # The fast verification path lives exactly as long as the assisted-decoding loop (see `verification.py`).
+    if isinstance(assistant_model, LongSparkDrafterModel) and assistant_model.fast_verification:
+        with fast_verification(self, kwargs.get("cache"), kwargs["generation_config"].max_length):
+            return _original_assisted_decoding(self, input_ids, *args, assistant_model=assistant_model, **kwargs)
+    return _original_assisted_decoding(self, input_ids, *args, assistant_model=assistant_model, **kwargs)
 
 
 def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs) -> None:
@@ -197,6 +211,7 @@ def install_generation_hook() -> None:
     """Routes `generate(assistant_model=<LongSparkDrafterModel>)` to `LongSparkCandidateGenerator` (idempotent)."""
     GenerationMixin._get_candidate_generator = _get_candidate_generator
     GenerationMixin._validate_generation_mode = _validate_generation_mode
+    GenerationMixin._assisted_decoding = _assisted_decoding
 
 
 __all__ = ["LongSparkCandidateGenerator", "DraftingStats", "install_generation_hook"]

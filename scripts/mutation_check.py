@@ -1,0 +1,181 @@
+#!/usr/bin/env python
+"""Mutation check: do the tests catch plausible one-line context bugs that keep generation lossless?
+
+Copies `src/`, `tests/` and `pyproject.toml` to a temporary directory, runs a fast test subset on the unmutated copy
+(it must pass), then applies each mutation below as an exact one-line textual substitution (failing loudly if its
+pattern no longer occurs exactly once) and requires the subset to FAIL with an assertion, not a crash. The copy's
+`src` is put first on PYTHONPATH (and checked to be the package imported).
+
+    python scripts/mutation_check.py [--only NAME ...] [--with-sampling] [--keep]
+
+Last line: `N/M mutations caught`. Exit status 1 if the baseline fails or any mutation survives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = Path("src/transformers_longspark")
+TEST_FILES = [
+    "tests/test_alignment.py",
+    "tests/test_training.py",
+    "tests/test_context_state.py",
+    "tests/test_generation.py",
+]
+# The chi-square tests check the verifier's law (independent of what the drafter sees) and take ~50 s.
+SLOW_TESTS = ["tests/test_generation.py::test_sampling_matches_the_exact_target_law",
+              "tests/test_generation.py::test_chi_square_detects_a_broken_verifier"]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    file: str
+    old: str
+    new: str
+
+
+MUTATIONS = [
+    # Not caught before tests/test_alignment.py existed.
+    Mutation("boundary at the last verified position, not the last accepted one", "generation.py",
+             "position = -1 if self.boundary_from_prefill else n_last_matches", "position = -1"),
+    Mutation("training anchor token a = ids[t - 1]", "training.py",
+             "block_ids[:, 0] = ids[anchors]", "block_ids[:, 0] = ids[anchors - 1]"),
+    Mutation("training Markov predecessors ids[t + 1 + i]", "training.py",
+             "previous_ids = ids[label_positions - 1]", "previous_ids = ids[label_positions]"),
+    Mutation("training labels ids[t + i]", "training.py",
+             "labels = drafter.draft_indices(ids[label_positions])",
+             "labels = drafter.draft_indices(ids[label_positions - 1])"),
+    # Already caught by the older tests.
+    Mutation("inference RoPE position t + 1", "generation.py",
+             "positions=torch.tensor([num_cached], device=", "positions=torch.tensor([num_cached + 1], device="),
+    Mutation("inference Markov predecessor of the first draft", "generation.py",
+             "previous = input_ids[:, -1]", "previous = input_ids[:, -2]"),
+    Mutation("training window rows [t - W + 1, t]", "training.py",
+             "rows = anchors[:, None] - width + torch.arange(width, device=ids.device)",
+             "rows = anchors[:, None] - width + 1 + torch.arange(width, device=ids.device)"),
+]  # fmt: skip
+
+
+def apply(mutation: Mutation, text: str) -> str:
+    """`text` with the one line containing `mutation.old` changed; raises if the pattern is not there exactly once."""
+    if "\n" in mutation.old or "\n" in mutation.new:
+        raise ValueError(f"{mutation.name}: a mutation must change one line")
+    count = text.count(mutation.old)
+    if count != 1:
+        raise SystemExit(f"MUTATION PATTERN BROKEN: {mutation.name!r}: {mutation.old!r} occurs {count} times in "
+                         f"{PACKAGE / mutation.file} (expected exactly once); update scripts/mutation_check.py.")  # fmt: skip
+    return text.replace(mutation.old, mutation.new)
+
+
+def copy_repo(destination: Path) -> None:
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
+    shutil.copytree(REPO / PACKAGE, destination / PACKAGE, ignore=ignore)
+    shutil.copytree(REPO / "tests", destination / "tests", ignore=ignore)
+    shutil.copy2(REPO / "pyproject.toml", destination / "pyproject.toml")
+
+
+def environment(root: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def check_import_location(root: Path) -> None:
+    out = subprocess.run([sys.executable, "-c", "import transformers_longspark as m; print(m.__file__)"], cwd=root,
+                         env=environment(root), capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    if not Path(out).resolve().is_relative_to(root.resolve()):
+        raise SystemExit(f"The copy's package is not the one imported ({out}); PYTHONPATH does not take precedence.")
+
+
+def run_tests(root: Path, with_sampling: bool, timeout: int) -> tuple[int, str, float]:
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *TEST_FILES]
+    if not with_sampling:
+        command += [f"--deselect={test}" for test in SLOW_TESTS]
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(
+            command, check=False, cwd=root, env=environment(root), capture_output=True, text=True, timeout=timeout
+        )
+        code, output = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired as error:
+        code, output = -1, f"timed out after {timeout} s\n{error.stdout or ''}"
+    return code, output, time.perf_counter() - start
+
+
+def first_failure(output: str) -> tuple[str, bool]:
+    """(`test at file:line: message` of the first failure, whether it is an assertion failure, not a crash)."""
+    test = next((line for line in output.splitlines() if line.startswith(("FAILED ", "ERROR "))), None)
+    # With pytest's default long tracebacks, each failure ends with `path:line: ExceptionType`.
+    site = re.search(r"^(\S+\.py:\d+): (\w+)$", output, flags=re.MULTILINE)
+    message = re.search(r"^E +(\w*Error\b.*)$", output, flags=re.MULTILINE)
+    if test is None or site is None:
+        return "no failing test found in the output", False
+    detail = f"{test}\n          at {site[1]}: {message[1][:120] if message else site[2]}"
+    return detail, site[2] == "AssertionError" and test.startswith("FAILED ")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", help="run only the mutations whose name contains one of these words")
+    parser.add_argument("--with-sampling", action="store_true", help="also run the slow chi-square sampling tests")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary copy")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per test run")
+    args = parser.parse_args()
+    mutations = [m for m in MUTATIONS if not args.only or any(word in m.name for word in args.only)]
+
+    root = Path(tempfile.mkdtemp(prefix="longspark-mutants-"))
+    try:
+        copy_repo(root)
+        originals = {m.file: (root / PACKAGE / m.file).read_text() for m in mutations}
+        for m in mutations:  # every pattern must match before anything runs
+            apply(m, originals[m.file])
+        check_import_location(root)
+
+        code, output, seconds = run_tests(root, args.with_sampling, args.timeout)
+        summary = output.strip().splitlines()[-1] if output.strip() else ""
+        print(f"baseline (unmutated): {'PASS' if code == 0 else 'FAIL'} in {seconds:.0f} s  [{summary}]", flush=True)
+        if code != 0:
+            print(output[-4000:])
+            print(f"0/{len(mutations)} mutations caught")
+            return 1
+
+        caught = 0
+        for m in mutations:
+            path = root / PACKAGE / m.file
+            path.write_text(apply(m, originals[m.file]))
+            try:
+                code, output, seconds = run_tests(root, args.with_sampling, args.timeout)
+            finally:
+                path.write_text(originals[m.file])
+            failure, is_assertion = first_failure(output)
+            if code == 1 and is_assertion:
+                caught += 1
+                print(f"caught    {m.name} ({m.file}) in {seconds:.0f} s\n          {failure}", flush=True)
+            elif code == 0:
+                print(f"SURVIVED  {m.name} ({m.file}): the tests pass", flush=True)
+            else:
+                print(f"NOT CAUGHT BY AN ASSERTION  {m.name} ({m.file}), exit {code}: {failure}", flush=True)
+                print(output[-2000:])
+    finally:
+        if args.keep:
+            print(f"copy kept in {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    print(f"{caught}/{len(mutations)} mutations caught")
+    return 0 if caught == len(mutations) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

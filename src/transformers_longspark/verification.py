@@ -1,0 +1,174 @@
+"""The target's verification forward near the memory floor.
+
+Each LongSpark round verifies `k <= B + 1` tokens in one cached target forward. With transformers' stock `sdpa` path
+that forward costs several one-token steps at long prefixes, for two reasons that have nothing to do with the
+drafter:
+
+1. **Grouped K/V heads are repeated.** With a mask and more than one query token, `sdpa_attention_forward` expands
+   every layer's cached K and V to all query heads (`repeat_kv`): a copy of the whole cache per forward (on CPU and,
+   whenever a mask is passed, on CUDA). `grouped_verification_attention` instead folds the query heads of each K/V
+   group into the query-length axis, `(b, h, k, d) -> (b, h_kv, g * k, d)`, so each cached row is read once and
+   nothing prefix-sized is written. The mask is the one `sdpa` gets (bottom-right causal over the block, with left
+   padding), broadcast over the group, never copied.
+2. **The cache is concatenated.** `DynamicLayer.update` appends with `torch.cat`, copying each layer's whole cache
+   at every forward. `ReservedDynamicLayer` appends into storage reserved for the whole generation, so a forward
+   writes only its own new rows; cropping rejected rows only shortens the view.
+
+`fast_verification(target, cache, max_length)` applies both for the duration of one `generate` call with a LongSpark
+drafter (the generate hook does this) and restores the target's attention implementation afterwards; plain
+`generate` is never affected. Other modes opt in the same way, e.g. prompt lookup:
+
+    with fast_verification(target):
+        target.generate(**inputs, prompt_lookup_num_tokens=10)
+
+Queries longer than `MAX_FOLDED_QUERIES` (prefill) go to the stock `sdpa` kernel unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.cache_utils import Cache, DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+ATTENTION_NAME = "longspark_verification"
+# Queries per forward up to which attention is computed on grouped heads; longer ones (prefill) use stock `sdpa`.
+MAX_FOLDED_QUERIES = 64
+
+
+def grouped_verification_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """`softmax(q k^T * scaling + mask) v` over grouped K/V heads without repeating them.
+
+    Args:
+        query: `(b, h, k, d)`, the `k` new tokens' queries. key / value: `(b, h_kv, T, d)`, cache included.
+        attention_mask: boolean `(b, 1, k, T)` (True = attend) as built for `sdpa`, or `None` (causal, no padding).
+
+    Returns:
+        `(b, k, h, d)` attention output and `None` (no attention weights), as every transformers attention function.
+    """
+    batch, num_heads, num_queries, head_dim = query.shape
+    num_kv_heads, num_keys = key.shape[1], key.shape[2]
+    unsupported = dropout > 0.0 or kwargs.get("position_bias") is not None or kwargs.get("s_aux") is not None
+    if num_queries > MAX_FOLDED_QUERIES or unsupported or (attention_mask is not None and attention_mask.dtype != torch.bool):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)  # fmt: skip
+    groups = num_heads // num_kv_heads
+    scaling = head_dim**-0.5 if scaling is None else scaling
+    # Head h uses K/V head h // groups (as `repeat_kv`), so the group is a view axis of the queries.
+    grouped = query.view(batch, num_kv_heads, groups, num_queries, head_dim)
+    scores = torch.matmul(grouped, key.unsqueeze(2).transpose(-1, -2)).mul_(scaling)  # (b, h_kv, g, k, T)
+    if attention_mask is not None:
+        scores.masked_fill_(~attention_mask[:, :, None], float("-inf"))
+    elif num_queries > 1:  # bottom-right causal: query i sees the prefix and block tokens 0..i
+        future = torch.ones(num_queries, num_queries, dtype=torch.bool, device=query.device).triu_(1)
+        scores[..., num_keys - num_queries :].masked_fill_(future, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    out = torch.matmul(probs, value.unsqueeze(2))  # (b, h_kv, g, k, d)
+    return out.view(batch, num_heads, num_queries, head_dim).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(ATTENTION_NAME, grouped_verification_attention)
+AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+
+
+class ReservedDynamicLayer(DynamicLayer):
+    """A `DynamicLayer` that appends into reserved storage instead of concatenating.
+
+    `keys` / `values` stay views `(b, h_kv, n, d)` of the first `n` rows of a `(b, h_kv, capacity, d)` buffer, so
+    everything that reads a `DynamicLayer` (cropping, `get_seq_length`, LongSpark's window views) works unchanged.
+    Rows past `n` are free: a crop only shortens the view, and the next update overwrites them. When the reserve
+    runs out (or a method such as `batch_select_indices` replaced the tensors) the buffer is reallocated, 1.5x larger.
+    """
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+        self._key_buffer: torch.Tensor | None = None
+        self._value_buffer: torch.Tensor | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        length, new = self.get_seq_length(), key_states.shape[-2]
+        if not self._owns_rows(key_states, length + new):
+            self._reallocate(key_states, value_states, max(self.capacity, (3 * (length + new)) // 2))
+        self._key_buffer[..., length : length + new, :].copy_(key_states)
+        self._value_buffer[..., length : length + new, :].copy_(value_states)
+        self.keys = self._key_buffer[..., : length + new, :]
+        self.values = self._value_buffer[..., : length + new, :]
+        return self.keys, self.values
+
+    def _owns_rows(self, key_states: torch.Tensor, rows: int) -> bool:
+        """Whether the buffer can take `rows` rows and `keys` is still a view of its start."""
+        buffer = self._key_buffer
+        if buffer is None or rows > buffer.shape[-2] or buffer.shape[:2] != key_states.shape[:2]:
+            return False
+        return self.get_seq_length() == 0 or self.keys.data_ptr() == buffer.data_ptr()
+
+    def _reallocate(self, key_states: torch.Tensor, value_states: torch.Tensor, capacity: int) -> None:
+        batch, heads, _, _ = key_states.shape
+        keys = key_states.new_empty(batch, heads, capacity, key_states.shape[-1])
+        values = value_states.new_empty(batch, heads, capacity, value_states.shape[-1])
+        length = self.get_seq_length()
+        if length:
+            keys[..., :length, :].copy_(self.keys)
+            values[..., :length, :].copy_(self.values)
+        self._key_buffer, self._value_buffer, self.capacity = keys, values, capacity
+        self.keys, self.values = keys[..., :length, :], values[..., :length, :]
+
+
+def reserve_cache_rows(cache: Cache, num_rows: int) -> None:
+    """Makes the empty full-attention `DynamicLayer`s of `cache` append into `num_rows` reserved rows per layer.
+
+    Layers of other types (sliding windows, static or quantized caches) and layers already holding rows are kept.
+    """
+    for index, layer in enumerate(cache.layers):
+        if type(layer) is DynamicLayer and not layer.is_initialized:
+            cache.layers[index] = ReservedDynamicLayer(num_rows)
+
+
+@contextlib.contextmanager
+def fast_verification(
+    model: PreTrainedModel, cache: Cache | None = None, max_length: int | None = None
+) -> Iterator[None]:
+    """Verifies with `grouped_verification_attention` (and appends into reserved cache rows) inside the block.
+
+    The attention implementation is switched only when the model uses `sdpa` (the default): a model set to `eager`,
+    flash attention or a kernel keeps its own. It is restored on exit, exceptions included. `cache` (still empty)
+    gets `max_length` reserved rows per full-attention layer; it is not restored, as its layers hold the rows.
+    """
+    if cache is not None and max_length is not None:
+        reserve_cache_rows(cache, max_length)
+    config = model.config
+    previous = config._attn_implementation
+    switch = previous == "sdpa"
+    if switch:
+        config._attn_implementation = ATTENTION_NAME
+    try:
+        yield
+    finally:
+        if switch:
+            config._attn_implementation = previous
+
+
+__all__ = [
+    "ATTENTION_NAME",
+    "ReservedDynamicLayer",
+    "fast_verification",
+    "grouped_verification_attention",
+    "reserve_cache_rows",
+]
