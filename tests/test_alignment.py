@@ -38,6 +38,7 @@ def alignment_drafter(target, seed: int = 1, **overrides):
     if draft_vocab_size is not None:
         vocab = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(seed))[:draft_vocab_size]
         drafter = drafter.with_draft_vocab(vocab).eval()
+    drafter.generation_config.assistant_confidence_threshold = 0.0  # whole blocks: the schedule forces acceptance
     drafter.bind_target(target)
     return drafter
 

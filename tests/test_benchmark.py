@@ -4,31 +4,37 @@ import argparse
 import json
 import subprocess
 import sys
+from itertools import pairwise
 
 import pytest
 import torch
+from transformers import AttentionInterface
 
 from conftest import make_bigram_target, make_drafter, make_oracle_drafter, make_target
-from transformers_longspark import benchmark
-from transformers_longspark.benchmark import (
+from transformers_longspark import benchmarks
+from transformers_longspark.benchmarks import (
+    DEFAULT_METHODS,
     METHODS,
     accepted_length,
     count_forward_calls,
     format_markdown,
     full_prefix_state_bytes,
     make_full_prefix_drafter,
+    memory,
     new_tokens_from_round_log,
     plot_drafting_cost,
     run_drafting_cost,
     run_speed_benchmark,
     summarize_runs,
 )
+from transformers_longspark.verification import ATTENTION_NAME, ReservedDynamicLayer, grouped_verification_attention
 
 SUMMARY_FIELDS = {
     "method", "tau", "tokens_per_s", "speedup", "ms_per_token", "new_tokens", "seconds", "rounds", "target_forwards",
     "tokens_per_forward",
 }  # fmt: skip
 DRAFTER_FIELDS = {"proposal_ms_per_round", "context_update_ms_per_round", "context_state_bytes", "drafted_tokens"}
+DRAFTER_METHODS = ("longspark", "longspark_stock_verify", "full_prefix")
 
 
 # --- tau ----------------------------------------------------------------------------------------------------------
@@ -90,13 +96,13 @@ def test_speed_report_fields(speed_report):
     modes = {(row["workload"], row["mode"], row["method"]) for row in speed_report["rows"]}
     for workload in ("short", "long"):
         assert {(workload, "greedy", method) for method in METHODS} <= modes
-        assert {(workload, "sampled", method) for method in ("plain", "prompt_lookup", "longspark")} <= modes
+        assert {(workload, "sampled", method) for method in DEFAULT_METHODS["sampled"]} <= modes
         assert (workload, "sampled", "full_prefix") not in modes  # the baseline runs greedily only
     for row in speed_report["rows"]:
-        assert SUMMARY_FIELDS <= set(row)
-        assert row["new_tokens"] > 0 and row["tau"] >= 1.0
-        if row["method"] in ("longspark", "full_prefix"):
-            assert DRAFTER_FIELDS <= set(row)
+        assert set(row) >= SUMMARY_FIELDS
+        assert row["new_tokens"] > 0 and row["tau"] >= 1.0 and row["verify_ms_per_round"] > 0
+        if row["method"] in DRAFTER_METHODS:
+            assert set(row) >= DRAFTER_FIELDS
         if row["method"] == "plain":
             assert row["tau"] == 1.0 and row["speedup"] == 1.0
         if row["mode"] == "greedy":
@@ -112,11 +118,47 @@ def test_speed_report_runs_per_prompt(speed_report):
             assert run["new_tokens"] == 10
             if method == "plain":
                 assert run["target_forwards"] == 10
-            if method in ("longspark", "full_prefix"):
+            if method in DRAFTER_METHODS:
                 assert run["target_forwards"] == run["rounds"] + 1  # prefill, then one forward per round
     # LongSpark on this bigram target drafts the target's own greedy tokens (for 2/3 of the previous tokens).
     longspark = greedy["methods"]["longspark"]
     assert longspark["greedy_identical"] and longspark["tau"] > 1.0
+
+
+def test_verification_paths_change_nothing_but_the_time(speed_report):
+    """Fast and stock verification of the same drafts: identical outputs and the same rounds, greedy."""
+    for workload in ("short", "long"):
+        greedy = speed_report["workloads"][workload]["greedy"]
+        for fast, stock in (("longspark", "longspark_stock_verify"), ("prompt_lookup_fast", "prompt_lookup")):
+            assert greedy["methods"][fast]["greedy_identical"] and greedy["methods"][stock]["greedy_identical"]
+            rounds = [[run["rounds"] for run in greedy["runs"][method]] for method in (fast, stock)]
+            assert rounds[0] == rounds[1], (workload, fast)
+
+
+@pytest.mark.parametrize("method", ["longspark", "longspark_stock_verify", "prompt_lookup", "prompt_lookup_fast"])
+def test_each_method_verifies_on_its_own_path(method, monkeypatch):
+    """The fast methods reach the grouped-head attention and reserved cache rows; the stock ones (and plain) never."""
+    calls = {"attention": 0, "reserved": 0}
+
+    def attention(*args, **kwargs):
+        calls["attention"] += 1
+        return grouped_verification_attention(*args, **kwargs)
+
+    def update(self, *args, **kwargs):
+        calls["reserved"] += 1
+        return reserved_update(self, *args, **kwargs)
+
+    reserved_update = ReservedDynamicLayer.update
+    monkeypatch.setitem(AttentionInterface._global_mapping, ATTENTION_NAME, attention)
+    monkeypatch.setattr(ReservedDynamicLayer, "update", update)
+    target = make_bigram_target("llama", vocab_size=64, seed=2)
+    drafter = make_oracle_drafter(target, window_size=8, block_size=4)
+    report = run_speed_benchmark(target, None, drafter, [[5, 9, 28, 5, 9]], max_new_tokens=6, modes=["greedy"],
+                                 methods=[method], warmup=False)  # fmt: skip
+    fast = method in ("longspark", "prompt_lookup_fast")
+    assert (calls["attention"] > 0, calls["reserved"] > 0) == (fast, fast)
+    assert drafter.fast_verification  # restored after the stock-verification runs
+    assert all(row["greedy_identical"] for row in report["rows"])
 
 
 def test_speed_report_is_json_and_markdown_lists_every_method(speed_report, tmp_path):
@@ -124,9 +166,10 @@ def test_speed_report_is_json_and_markdown_lists_every_method(speed_report, tmp_
     path.write_text(json.dumps(speed_report))
     assert json.loads(path.read_text())["rows"]
     table = format_markdown(speed_report)
-    for label in ("plain generate", "prompt lookup", "LongSpark", "full-prefix drafter"):
+    for label in benchmarks.METHOD_LABELS.values():
         assert f"| {label} |" in table
-    assert table.count("\n| short |") == 4 + 3 and table.count("\n| long |") == 4 + 3
+    rows_per_workload = len(DEFAULT_METHODS["greedy"]) + len(DEFAULT_METHODS["sampled"])
+    assert table.count("\n| short |") == rows_per_workload == table.count("\n| long |")
 
 
 # --- drafting cost ------------------------------------------------------------------------------------------------
@@ -157,7 +200,7 @@ def test_state_bytes_fixed_for_longspark_and_linear_for_full_prefix(cost_result)
     assert len(set(result["longspark_state_bytes"])) == 1
     lengths, full = result["prefix_lengths"], result["full_prefix_state_bytes"]
     per_row = config.num_draft_layers * 2 * config.num_key_value_heads * config.head_dim * 4  # float32 K and V
-    assert [b - a for a, b in zip(full, full[1:])] == [per_row * (t2 - t1) for t1, t2 in zip(lengths, lengths[1:])]
+    assert [b - a for a, b in pairwise(full)] == [per_row * (t2 - t1) for t1, t2 in pairwise(lengths)]
     assert full == [full_prefix_state_bytes(config, t) for t in lengths] == result["full_prefix_state_bytes_formula"]
     # LongSpark keeps D summaries (m values + m log-normalisers per KV head, float32) and the boundary.
     d, h, m = config.num_draft_layers, config.num_key_value_heads, config.num_summary_queries
@@ -184,7 +227,7 @@ def test_full_prefix_drafter_shares_the_weights():
     drafter = make_drafter(target)
     baseline = make_full_prefix_drafter(drafter)
     assert baseline.config.full_prefix_context and not drafter.config.full_prefix_context
-    for (name, a), (_, b) in zip(drafter.state_dict().items(), baseline.state_dict().items()):
+    for (name, a), (_, b) in zip(drafter.state_dict().items(), baseline.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
 
 
@@ -193,7 +236,7 @@ def test_full_prefix_drafter_shares_the_weights():
 
 def test_cli_subcommands_parse():
     parser = argparse.ArgumentParser(prog="longspark")
-    benchmark.add_bench_arguments(parser.add_subparsers(dest="command"))
+    benchmarks.add_bench_arguments(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["bench", "--json", "a.json", "--markdown", "a.md", "--max-new-tokens", "16"])
     assert args.command == "bench" and args.bench_command is None and args.max_new_tokens == 16
     argv = ["bench", "drafting-cost", "--json", "c.json", "--plot", "c.png", "--prefix-lengths", "64"]
@@ -203,6 +246,8 @@ def test_cli_subcommands_parse():
     assert args.bench_command == "memory" and args.max_new_tokens == 16 and args.num_threads == 1
     args = parser.parse_args(["bench", "speed", "--modes", "greedy", "--methods", "plain", "longspark"])
     assert args.bench_command == "speed" and args.methods == ["plain", "longspark"]
+    args = parser.parse_args(["bench", "--methods", "longspark", "longspark_stock_verify", "prompt_lookup_fast"])
+    assert args.methods == ["longspark", "longspark_stock_verify", "prompt_lookup_fast"]
 
 
 def test_memory_benchmark_report(tmp_path, monkeypatch):
@@ -216,11 +261,11 @@ def test_memory_benchmark_report(tmp_path, monkeypatch):
     def fake_run(command, **kwargs):
         commands.append(command)
         assert command[0] == sys.executable and "_memory_worker_main" in command[2]
-        output = "MEMORY-RESULT " + json.dumps(benchmark._memory_worker(json.loads(command[-1])))
+        output = "MEMORY-RESULT " + json.dumps(memory._memory_worker(json.loads(command[-1])))
         return subprocess.CompletedProcess(command, 0, stdout=f"noise\n{output}\n", stderr="")
 
-    monkeypatch.setattr(benchmark.subprocess, "run", fake_run)
-    result = benchmark.run_memory_benchmark(
+    monkeypatch.setattr(memory.subprocess, "run", fake_run)
+    result = benchmarks.run_memory_benchmark(
         (16, 48), max_new_tokens=4, target=str(tmp_path / "target"), drafter=str(tmp_path / "drafter")
     )
     assert [json.loads(c[-1])["mode"] for c in commands] == ["plain", "assisted"] * 2
@@ -230,4 +275,4 @@ def test_memory_benchmark_report(tmp_path, monkeypatch):
         assert {"plain_peak_mib", "assisted_peak_mib", "extra_peak_mib", "extra_runtime_mib"} <= set(row)
         assert row["plain_peak_mib"] > 0 and row["drafter_context_state_bytes"] > 0
     assert "extra_peak_growth_mib" in result
-    assert "| 48 |" in benchmark.format_memory(result)
+    assert "| 48 |" in benchmarks.format_memory(result)

@@ -57,7 +57,7 @@ def _run_push(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .benchmark import add_bench_arguments, run_bench
+    from .benchmarks import add_bench_arguments, run_bench
     from .data import add_regenerate_arguments, run_regenerate
 
     parser = argparse.ArgumentParser(prog="longspark", description=__doc__)

@@ -158,23 +158,23 @@ class LongSparkCandidateGenerator(CandidateGenerator):
         `assistant_confidence_threshold` (dynamic block length: unlikely tokens are not worth verifying)."""
         block_ids = torch.cat([input_ids[:, -1:], self.mask_ids.to(input_ids.device)], dim=1)
         base_logits = self.drafter(block_ids, context).base_logits
-        candidate_ids, drafted_logits = input_ids, []
+        drafted_ids, drafted_logits = [], []
         previous = input_ids[:, -1]
         for i in range(num_tokens):
             logits = self.drafter.to_target_vocab(base_logits[:, i] + self.drafter.markov_correction(previous).float())
-            if self.logits_processor is not None:
-                logits = self.logits_processor(candidate_ids, logits)
+            if self.logits_processor is not None:  # they read the whole sequence so far (e.g. repetition penalty)
+                logits = self.logits_processor(torch.cat([input_ids, *drafted_ids], dim=1), logits)
             probs = torch.softmax(logits, dim=-1)
             token = torch.multinomial(probs, num_samples=1) if self.do_sample else probs.argmax(dim=-1, keepdim=True)
             if i > 0 and float(probs.gather(-1, token)) < self.confidence_threshold:
                 break
-            candidate_ids = torch.cat([candidate_ids, token], dim=1)
+            drafted_ids.append(token)
             drafted_logits.append(logits)
             # Tokens after an EOS can never be kept, so the block ends there.
             if self.eos_token_ids is not None and torch.isin(token, self.eos_token_ids.to(token.device)).any():
                 break
             previous = token[:, 0]
-        return candidate_ids, torch.stack(drafted_logits, dim=1)
+        return torch.cat([input_ids, *drafted_ids], dim=1), torch.stack(drafted_logits, dim=1)
 
 
 _original_get_candidate_generator = GenerationMixin._get_candidate_generator

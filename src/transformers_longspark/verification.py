@@ -68,16 +68,18 @@ def grouped_verification_attention(
                                       is_causal=is_causal, **kwargs)  # fmt: skip
     groups = num_heads // num_kv_heads
     scaling = head_dim**-0.5 if scaling is None else scaling
-    # Head h uses K/V head h // groups (as `repeat_kv`), so the group is a view axis of the queries.
-    grouped = query.view(batch, num_kv_heads, groups, num_queries, head_dim)
-    scores = torch.matmul(grouped, key.unsqueeze(2).transpose(-1, -2)).mul_(scaling)  # (b, h_kv, g, k, T)
+    # Head h uses K/V head h // groups (as `repeat_kv`), so the group folds into the query axis: one plain matmul per
+    # K/V head. (A separate group axis would broadcast K and V in `matmul`, which copies them `groups` times.)
+    grouped = query.reshape(batch, num_kv_heads, groups * num_queries, head_dim)  # copies only the k queries
+    scores = torch.matmul(grouped, key.transpose(-1, -2)).mul_(scaling)  # (b, h_kv, g * k, T)
+    by_group = scores.view(batch, num_kv_heads, groups, num_queries, num_keys)
     if attention_mask is not None:
-        scores.masked_fill_(~attention_mask[:, :, None], float("-inf"))
+        by_group.masked_fill_(~attention_mask[:, :, None], float("-inf"))
     elif num_queries > 1:  # bottom-right causal: query i sees the prefix and block tokens 0..i
         future = torch.ones(num_queries, num_queries, dtype=torch.bool, device=query.device).triu_(1)
-        scores[..., num_keys - num_queries :].masked_fill_(future, float("-inf"))
+        by_group[..., num_keys - num_queries :].masked_fill_(future, float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
-    out = torch.matmul(probs, value.unsqueeze(2))  # (b, h_kv, g, k, d)
+    out = torch.matmul(probs, value)  # (b, h_kv, g * k, d)
     return out.view(batch, num_heads, num_queries, head_dim).transpose(1, 2).contiguous(), None
 
 

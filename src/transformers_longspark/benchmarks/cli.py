@@ -1,0 +1,271 @@
+"""`longspark bench ...`: argument parsing and dispatch of the benchmark subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .common import write_json
+from .drafting_cost import DEFAULT_PREFIX_LENGTHS, DEFAULT_SYNTHETIC_PREFIX_LENGTHS, run_drafting_cost
+from .memory import run_memory_benchmark
+from .models import SYNTHETIC_TARGETS, build_random_drafter, build_synthetic_target
+from .prompts import DEFAULT_LONG_LENGTHS, HELD_OUT_DIR, long_context_prompts, short_prompts, stdlib_token_ids
+from .report import (
+    format_drafting_cost,
+    format_markdown,
+    format_memory,
+    format_verify_cost,
+    plot_drafting_cost,
+    plot_verify_cost,
+)
+from .speed import METHODS, MODES, run_speed_benchmark
+from .verify_cost import DEFAULT_NUM_TOKENS, DEFAULT_VERIFY_PREFIX_LENGTHS, run_verify_cost
+
+DESCRIPTION = "Benchmarks: decoding speed side by side, drafting cost and verification cost vs prefix, peak memory."
+
+
+def _add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", help="local path of the target model (default: the SmolLM2-135M demo target)")
+    parser.add_argument(
+        "--drafter",
+        help="LongSpark drafter folder (default: the shipped SmolLM2 drafter if it fits the target, else a random one)",
+    )
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    parser.add_argument("--num-threads", type=int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, help="write the report as JSON to this file")
+
+
+def _add_cost_arguments(parser: argparse.ArgumentParser, prefix_lengths: Sequence[int], chunk: int) -> None:
+    _add_common_arguments(parser)
+    parser.add_argument(
+        "--synthetic-target", choices=list(SYNTHETIC_TARGETS),
+        help="a random-weight target of these shapes, built on --device in --dtype, instead of --target "
+        "(with a random drafter unless --drafter is given): costs depend on shapes alone",
+    )  # fmt: skip
+    parser.add_argument("--plot", type=Path, help="write the two-panel figure (PNG) to this file")
+    parser.add_argument("--markdown", type=Path, help="write the Markdown table to this file")
+    parser.add_argument("--prefix-lengths", type=int, nargs="+", default=list(prefix_lengths))
+    parser.add_argument("--prefill-chunk", type=int, default=chunk, help="tokens per prefill forward")
+
+
+def _add_speed_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_common_arguments(parser)
+    parser.add_argument("--markdown", type=Path, help="write the Markdown table to this file")
+    parser.add_argument("--workloads", nargs="+", default=["short", "long"], choices=["short", "long"])
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument(
+        "--methods", nargs="+", choices=list(METHODS),
+        help="methods for every mode; plain is always added (default: all in greedy mode, all but full_prefix in "
+        "sampled mode). longspark and full_prefix verify on the fast path; longspark_stock_verify is the same "
+        "drafter on transformers' stock path; prompt_lookup_fast is prompt lookup on the fast path",
+    )  # fmt: skip
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--num-short-prompts", type=int, default=6)
+    parser.add_argument("--num-long-prompts", type=int, default=3)
+    parser.add_argument(
+        "--long-lengths", type=int, nargs="+", default=list(DEFAULT_LONG_LENGTHS),
+        help="long-context prompt lengths in tokens, cycled over the prompts (capped to fit the target's positions)",
+    )  # fmt: skip
+    parser.add_argument("--held-out", type=Path, default=HELD_OUT_DIR, help="folder of held-out *.jsonl records")
+    parser.add_argument("--temperature", type=float, default=1.0, help="temperature of the sampled mode")
+    parser.add_argument("--prompt-lookup-num-tokens", type=int, default=7)
+    parser.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
+    parser.add_argument("--no-warmup", dest="warmup", action="store_false")
+    parser.add_argument("--progress", action="store_true", help="print every run to stderr")
+
+
+def add_bench_arguments(subparsers_or_parser) -> argparse.ArgumentParser:
+    """Adds `bench`: a subparser named `bench` when given `parser.add_subparsers()`'s result, else the arguments
+    are added to the given parser. Returns the `bench` parser; dispatch with `run_bench`.
+
+    * `longspark bench [speed options]` or `longspark bench speed ...`: the speed comparison;
+    * `longspark bench drafting-cost --json FILE --plot FILE.png`;
+    * `longspark bench verify-cost --json FILE --plot FILE.png`;
+    * `longspark bench memory --json FILE`.
+    """
+    if isinstance(subparsers_or_parser, argparse._SubParsersAction):
+        parser = subparsers_or_parser.add_parser(
+            "bench", help="benchmarks: speed (default), drafting-cost, verify-cost, memory", description=DESCRIPTION
+        )
+    else:
+        parser = subparsers_or_parser
+    _add_speed_arguments(parser)
+    commands = parser.add_subparsers(dest="bench_command", metavar="{speed,drafting-cost,verify-cost,memory}")
+    speed = commands.add_parser("speed", help="plain generate vs prompt lookup vs LongSpark vs full-prefix drafter")
+    _add_speed_arguments(speed)
+
+    cost = commands.add_parser("drafting-cost", help="drafting time per round and context-state bytes vs prefix")
+    _add_cost_arguments(cost, DEFAULT_PREFIX_LENGTHS, 1024)
+    cost.add_argument(
+        "--synthetic-prefix-lengths", type=int, nargs="*", default=list(DEFAULT_SYNTHETIC_PREFIX_LENGTHS),
+        help="also time these prefixes on a synthetic cache (random K/V in the selected layers only, any length); "
+        "pass the flag with no value to skip them",
+    )  # fmt: skip
+    cost.add_argument("--rounds", type=int, default=20, help="measured rounds per length (median)")
+    cost.add_argument("--warmup", type=int, default=3, help="untimed rounds per length first")
+    cost.add_argument(
+        "--prefix", choices=["code", "random"],
+        help="prefix tokens: Python stdlib code (needs the target's tokenizer; the default when there is one) or "
+        "seeded random ids",
+    )  # fmt: skip
+    cost.add_argument(
+        "--allow-extrapolation", action="store_true", help="also time prefixes beyond max_position_embeddings"
+    )
+
+    verify = commands.add_parser("verify-cost", help="cached target forward of k tokens vs prefix: stock vs fast")
+    _add_cost_arguments(verify, DEFAULT_VERIFY_PREFIX_LENGTHS, 2048)
+    verify.add_argument("--num-tokens", type=int, nargs="+", default=list(DEFAULT_NUM_TOKENS),
+                        help="tokens per verification forward")  # fmt: skip
+    verify.add_argument("--repeats", type=int, default=7, help="timed forwards per (prefix, k, path), median")
+    verify.add_argument("--warmup", type=int, default=2, help="untimed forwards per (prefix, k, path) first")
+
+    memory = commands.add_parser("memory", help="peak RSS of plain vs assisted generate (fresh process each)")
+    _add_common_arguments(memory)
+    memory.add_argument("--prompt-lengths", type=int, nargs="+", default=[1024, 8192])
+    memory.add_argument("--max-new-tokens", type=int, default=16)
+    memory.set_defaults(num_threads=1)
+    return parser
+
+
+def _load_target(args: argparse.Namespace):
+    """`(target, tokenizer)`: the synthetic target of `--synthetic-target`, else `--target` (default SmolLM2)."""
+    from ..loading import load_target
+
+    dtype = getattr(torch, args.dtype)
+    if getattr(args, "synthetic_target", None):
+        if args.target:
+            raise ValueError("Pass either --target or --synthetic-target, not both.")
+        return build_synthetic_target(args.synthetic_target, args.device, dtype, args.seed), None
+    return load_target(args.target, dtype, args.device)
+
+
+def _target_name(args: argparse.Namespace) -> str:
+    if getattr(args, "synthetic_target", None):
+        return f"synthetic:{args.synthetic_target}"
+    return args.target or "smollm2"
+
+
+def _load_drafter(args: argparse.Namespace, target):
+    from ..loading import load_drafter
+
+    if getattr(args, "synthetic_target", None) and not args.drafter:
+        drafter = build_random_drafter(target, args.seed)
+        return drafter, {"path": None, "trained": False, "seed": args.seed, "synthetic_target": args.synthetic_target}
+    return load_drafter(target, args.drafter, seed=args.seed)
+
+
+def _write_outputs(args, result: dict[str, Any], table: str, plot: Callable | None = None) -> None:
+    print(table)
+    if args.json:
+        write_json(args.json, {**result, "command": getattr(args, "command_line", None)})
+    if getattr(args, "markdown", None):
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(table, encoding="utf-8")
+    if plot is not None and getattr(args, "plot", None):
+        plot(result, args.plot)
+
+
+def _run_drafting_cost(args: argparse.Namespace) -> dict[str, Any]:
+    target, tokenizer = _load_target(args)
+    drafter, drafter_info = _load_drafter(args, target)
+    prefix_ids = None
+    if (args.prefix or ("code" if tokenizer is not None else "random")) == "code":
+        if tokenizer is None:
+            raise ValueError("--prefix code needs the target's tokenizer; use --prefix random.")
+        longest = max(args.prefix_lengths)
+        if not args.allow_extrapolation:
+            longest = min(longest, target.config.get_text_config().max_position_embeddings)
+        prefix_ids = stdlib_token_ids(tokenizer, longest + 1)
+    result = run_drafting_cost(
+        target, drafter, args.prefix_lengths, args.rounds, args.warmup, prefix_ids=prefix_ids, seed=args.seed,
+        allow_extrapolation=args.allow_extrapolation, prefill_chunk=args.prefill_chunk,
+        synthetic_prefix_lengths=args.synthetic_prefix_lengths,
+    )  # fmt: skip
+    result["prefix_source"] = "stdlib-code" if prefix_ids is not None else "random"
+    result["drafter"] = drafter_info
+    result["target"] = _target_name(args)
+    _write_outputs(args, result, format_drafting_cost(result), plot_drafting_cost)
+    return result
+
+
+def _run_verify_cost(args: argparse.Namespace) -> dict[str, Any]:
+    target, _ = _load_target(args)
+    result = run_verify_cost(target, args.prefix_lengths, args.num_tokens, args.repeats, args.warmup,
+                             prefill_chunk=args.prefill_chunk, seed=args.seed)  # fmt: skip
+    result["target"] = _target_name(args)
+    _write_outputs(args, result, format_verify_cost(result), plot_verify_cost)
+    return result
+
+
+def _run_speed(args: argparse.Namespace) -> dict[str, Any]:
+    target, tokenizer = _load_target(args)
+    drafter, drafter_info = _load_drafter(args, target)
+    if tokenizer is None:
+        raise ValueError("The speed benchmark builds its prompts with the target's tokenizer; none was found.")
+    max_positions = target.config.get_text_config().max_position_embeddings
+    prompts: dict[str, list[dict[str, Any]]] = {}
+    if "short" in args.workloads:
+        prompts["short"] = short_prompts(tokenizer, args.num_short_prompts, args.held_out)
+    if "long" in args.workloads:
+        reserve = args.max_new_tokens + drafter.config.block_size + 1
+        prompts["long"] = long_context_prompts(
+            tokenizer, args.long_lengths, args.num_long_prompts, max_positions=max_positions, reserve=reserve
+        )
+    result = run_speed_benchmark(
+        target, tokenizer, drafter, prompts, args.max_new_tokens, modes=args.modes, methods=args.methods,
+        temperature=args.temperature, prompt_lookup_num_tokens=args.prompt_lookup_num_tokens,
+        ignore_eos=args.ignore_eos, warmup=args.warmup, seed=args.seed, drafter_info=drafter_info,
+        progress=args.progress,
+    )  # fmt: skip
+    _write_outputs(args, result, format_markdown(result))
+    return result
+
+
+def _run_memory(args: argparse.Namespace) -> dict[str, Any]:
+    if args.device != "cpu":
+        raise ValueError("The memory benchmark measures CPU peak RSS; run it with --device cpu.")
+    result = run_memory_benchmark(
+        args.prompt_lengths, max_new_tokens=args.max_new_tokens, target=args.target, drafter=args.drafter,
+        dtype=args.dtype, num_threads=args.num_threads, seed=args.seed,
+    )  # fmt: skip
+    _write_outputs(args, result, format_memory(result))
+    return result
+
+
+RUNNERS: Mapping[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
+    "speed": _run_speed,
+    "drafting-cost": _run_drafting_cost,
+    "verify-cost": _run_verify_cost,
+    "memory": _run_memory,
+}
+
+
+def run_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """Runs the `longspark bench` subcommand in `args` (speed when none), prints its table, writes its files."""
+    command = getattr(args, "bench_command", None) or "speed"
+    if command != "memory":  # the memory benchmark runs its workers in fresh processes with their own settings
+        if args.num_threads:
+            torch.set_num_threads(args.num_threads)
+        import transformers_longspark  # noqa: F401  (installs the generate() hook)
+    return RUNNERS[command](args)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m transformers_longspark.benchmarks ...`: the same as `longspark bench ...`."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = argparse.ArgumentParser(prog="longspark bench", description=DESCRIPTION)
+    add_bench_arguments(parser)
+    args = parser.parse_args(argv)
+    args.command_line = shlex.join(["longspark", "bench", *argv])
+    run_bench(args)
+
+
+__all__ = ["add_bench_arguments", "main", "run_bench"]

@@ -1,0 +1,140 @@
+"""What every benchmark shares: synced timing, medians of interleaved repeats, chunked prefill, machine info, JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import Cache
+
+
+def synchronize(device: str | torch.device) -> None:
+    """Waits for the device's queued work (CUDA kernels run asynchronously); a no-op on CPU."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_call(function: Callable[..., Any], *args: Any, device: str | torch.device = "cpu") -> tuple[float, Any]:
+    """`(seconds, result)` of one call of `function(*args)`, with the device synchronized before and after."""
+    synchronize(device)
+    start = time.perf_counter()
+    result = function(*args)
+    synchronize(device)
+    return time.perf_counter() - start, result
+
+
+@dataclass
+class Timings:
+    """Seconds of the measured repeats of one timed call: `seconds[r][p]` is phase `p` of repeat `r`."""
+
+    seconds: list[tuple[float, ...]] = field(default_factory=list)
+
+    def median_ms(self, phase: int | None = None) -> float:
+        """Median milliseconds of one phase, or of the phases' sum per repeat when `phase` is None."""
+        values = [sum(phases) if phase is None else phases[phase] for phases in self.seconds]
+        return 1000.0 * statistics.median(values)
+
+
+Phases = Callable[[], Any] | Sequence[Callable[..., Any]]
+
+
+def measure(
+    calls: Mapping[str, Phases],
+    repeats: int,
+    warmup: int = 1,
+    *,
+    device: str | torch.device = "cpu",
+    prepare: Callable[[str], None] | None = None,
+) -> dict[str, Timings]:
+    """Times several calls interleaved: `warmup` untimed repeats, then `repeats` timed ones.
+
+    Each repeat runs every call once, the order rotated from repeat to repeat (A B, B A, ...), so that machine noise
+    hits them alike. A call is a callable or a sequence of phases, each timed separately: the first phase takes no
+    argument and each next phase gets the previous one's result. `prepare(name)`, untimed, runs before each call.
+
+    Returns:
+        `{name: Timings}`; `timings[name].median_ms()` is the median over the timed repeats.
+    """
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"Need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}.")
+    names = list(calls)
+    timings = {name: Timings() for name in names}
+    for repeat in range(warmup + repeats):
+        shift = repeat % len(names)
+        for name in names[shift:] + names[:shift]:
+            if prepare is not None:
+                prepare(name)
+            phases = calls[name]
+            phases = [phases] if callable(phases) else list(phases)
+            seconds, result = timed_call(phases[0], device=device)
+            laps = [seconds]
+            for phase in phases[1:]:
+                seconds, result = timed_call(phase, result, device=device)
+                laps.append(seconds)
+            if repeat >= warmup:
+                timings[name].seconds.append(tuple(laps))
+    return timings
+
+
+def prefill(target: torch.nn.Module, input_ids: torch.Tensor, chunk: int = 2048, cache: Cache | None = None) -> Cache:
+    """Fills `cache` (default a fresh `DynamicCache`) with `input_ids` `(1, t)`, `chunk` tokens per target forward,
+    which bounds the prefill's activation memory. Returns the cache."""
+    cache = DynamicCache(config=target.config) if cache is None else cache
+    with torch.no_grad():
+        for start in range(0, input_ids.shape[1], chunk):
+            target(input_ids[:, start : start + chunk], cache=cache, use_cache=True, logits_to_keep=1)
+    return cache
+
+
+def machine_info(device: str | torch.device = "cpu") -> dict[str, Any]:
+    """CPU model, core counts, torch threads and library versions (plus the GPU name on CUDA)."""
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {
+        "cpu": cpu,
+        "cpu_cores": os.cpu_count(),
+        "cpu_cores_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "device": str(device),
+    }
+    if torch.device(device).type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return info
+
+
+def write_json(path: str | os.PathLike, data: Any) -> Path:
+    """Writes `data` as indented JSON, creating the parent folders."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def format_length(tokens: int) -> str:
+    """`8192 -> "8K"`, `131072 -> "128K"`, `1000 -> "1000"`: axis and table labels."""
+    return f"{tokens // 1024}K" if tokens % 1024 == 0 else str(tokens)
+
+
+__all__ = ["Timings", "format_length", "machine_info", "measure", "prefill", "synchronize", "timed_call", "write_json"]

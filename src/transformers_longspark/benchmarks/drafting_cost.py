@@ -1,0 +1,257 @@
+"""Per-round drafting cost and drafter context-state bytes vs prefix length: LongSpark vs the full-prefix baseline.
+
+Real-target prefixes are prefilled by the target. Longer ones (`synthetic_prefix_lengths`, e.g. 32K-128K, beyond
+SmolLM2's 8K positions) use a *synthetic* cache: random K/V rows of the right shapes in the drafter's selected target
+layers only, and a random boundary state. A drafting round reads nothing else, and its cost depends on shapes alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from transformers import DynamicCache, GenerationConfig, PreTrainedModel
+
+from ..configuration_longspark import LongSparkConfig
+from ..generation import LongSparkCandidateGenerator
+from ..modeling_longspark import LongSparkDrafterModel
+from .common import machine_info, measure, prefill, timed_call
+from .models import make_full_prefix_drafter
+
+DEFAULT_PREFIX_LENGTHS = (512, 1024, 2048, 4096, 8192)
+DEFAULT_SYNTHETIC_PREFIX_LENGTHS = (32768, 65536, 131072)
+# Per-length fields: the report keeps one list per field (`prefix_lengths` for `prefix_length`) and a list of rows.
+ROW_FIELDS = (
+    "prefix_length", "longspark_ms", "full_prefix_ms", "longspark_state_bytes", "full_prefix_state_bytes",
+    "longspark_update_ms", "longspark_proposal_ms", "full_prefix_update_ms", "full_prefix_proposal_ms",
+    "longspark_prefill_absorb_ms", "longspark_window_bytes", "full_prefix_state_bytes_formula", "synthetic",
+)  # fmt: skip
+
+
+def full_prefix_state_bytes(config: LongSparkConfig, num_rows: int, dtype: torch.dtype = torch.float32) -> int:
+    """Bytes a full-prefix drafter attends to per round: D layers x t rows x (K, V) x kv heads x head dim, plus the
+    boundary states (D x hidden size), in `dtype` (the target cache's)."""
+    element = torch.empty((), dtype=dtype).element_size()
+    rows = config.num_draft_layers * num_rows * 2 * config.num_key_value_heads * config.head_dim
+    return (rows + config.num_draft_layers * config.hidden_size) * element
+
+
+class SelectedLayersCache(DynamicCache):
+    """A `DynamicCache` with rows in the drafter's selected layers only, the other layers left empty.
+
+    `get_seq_length()` reports the first filled layer's length, which layer 0 of a full cache would report.
+    """
+
+    def __init__(self, config, layer_ids: Sequence[int]):
+        super().__init__(config=config)
+        self.filled_layer = layer_ids[0]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.layers[self.filled_layer].get_seq_length()
+
+
+def synthetic_cache(
+    target: PreTrainedModel, layer_ids: Sequence[int], num_rows: int, seed: int = 0
+) -> SelectedLayersCache:
+    """Random K/V rows `(1, num_kv_heads, num_rows, head_dim)` in the target's dtype and device, in `layer_ids` only
+    (5 layers x 2 x 3 heads x 64 x 4 bytes x 128K rows = 1.3 GB for SmolLM2 in fp32, instead of 7.5 GB for 30)."""
+    config = target.config.get_text_config()
+    parameter = next(target.parameters())
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    shape = (1, config.num_key_value_heads or config.num_attention_heads, num_rows, head_dim)
+    cache = SelectedLayersCache(target.config, layer_ids)
+    torch.manual_seed(seed)
+    for layer_id in layer_ids:
+        keys = torch.randn(shape, device=parameter.device, dtype=parameter.dtype)
+        values = torch.randn(shape, device=parameter.device, dtype=parameter.dtype)
+        layer = cache.layers[layer_id]
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys, values  # not `update`, whose concatenation would copy them once more
+    return cache
+
+
+def _generators(target, drafters, input_ids) -> dict[str, LongSparkCandidateGenerator]:
+    """One candidate generator per drafter, built as `generate` builds it, drafting whole blocks every round."""
+    block = next(iter(drafters.values())).config.block_size
+    generation_config = GenerationConfig(do_sample=False, max_length=input_ids.shape[1] + 2 * block + 1)
+    gens = {name: LongSparkCandidateGenerator(target, drafter, input_ids, generation_config, None)
+            for name, drafter in drafters.items()}  # fmt: skip
+    for gen in gens.values():
+        gen.confidence_threshold = 0.0  # a dynamic block length would time fewer tokens than `B`
+    return gens
+
+
+def _context_bytes(tensors: Sequence[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _time_rounds(gens, cache, input_ids, length: int, rounds: int, warmup: int, device) -> dict[str, Any]:
+    """The per-length fields of one prefix: first the round after prefill (LongSpark absorbs the whole prefix), then
+    `warmup + rounds` interleaved steady-state rounds, each folding `B + 1` new rows into the summary."""
+    config = gens["longspark"].config
+    block = config.block_size
+    row: dict[str, Any] = {"prefix_length": length}
+    contexts = {}
+    for name, gen in gens.items():
+        seconds, contexts[name] = timed_call(gen.update_context, cache, length, 0, device=device)
+        if name == "longspark":
+            row["longspark_prefill_absorb_ms"] = 1000.0 * seconds
+
+    def prepare(name: str) -> None:
+        gens[name].state.num_absorbed = length - (block + 1)  # steady state: one full block's rows are new
+
+    calls = {
+        name: (lambda gen=gen: gen.update_context(cache, length, 0),
+               lambda context, gen=gen: gen.propose(input_ids, context, block))
+        for name, gen in gens.items()
+    }  # fmt: skip
+    timings = measure(calls, rounds, warmup, device=device, prepare=prepare)
+    for name, timing in timings.items():
+        row[f"{name}_ms"] = timing.median_ms()
+        row[f"{name}_update_ms"] = timing.median_ms(0)
+        row[f"{name}_proposal_ms"] = timing.median_ms(1)
+    full, ls = contexts["full_prefix"], contexts["longspark"]
+    row["longspark_state_bytes"] = gens["longspark"].state.nbytes
+    full_rows = _context_bytes(full.window_keys + full.window_values)
+    row["full_prefix_state_bytes"] = gens["full_prefix"].state.nbytes + full_rows
+    row["longspark_window_bytes"] = _context_bytes(ls.window_keys + ls.window_values)
+    kv_dtype = full.window_keys[0].dtype if full.window_keys else torch.float32
+    row["full_prefix_state_bytes_formula"] = full_prefix_state_bytes(config, length, kv_dtype)
+    for gen in gens.values():
+        gen.capture.remove()
+    return row
+
+
+def _usable_lengths(lengths, block: int, max_positions: int, allow_extrapolation: bool, rope: Mapping):
+    usable, skipped = [], []
+    for length in sorted({int(t) for t in lengths}):
+        if length < block + 1:
+            skipped.append({"prefix_length": length, "reason": f"shorter than one block plus one ({block + 1})"})
+        elif length > max_positions and not allow_extrapolation:
+            skipped.append({
+                "prefix_length": length,
+                "reason": f"beyond the target's max_position_embeddings={max_positions} "
+                f"(rope_type={rope.get('rope_type', 'default')!r}, no RoPE scaling beyond it); pass "
+                "allow_extrapolation=True to time it anyway",
+            })  # fmt: skip
+        else:
+            usable.append(length)
+    return usable, skipped
+
+
+def run_drafting_cost(
+    target: PreTrainedModel,
+    drafter: LongSparkDrafterModel,
+    prefix_lengths: Sequence[int] = DEFAULT_PREFIX_LENGTHS,
+    rounds: int = 20,
+    warmup: int = 3,
+    *,
+    prefix_ids: Sequence[int] | torch.Tensor | None = None,
+    seed: int = 0,
+    allow_extrapolation: bool = False,
+    prefill_chunk: int = 1024,
+    full_prefix_drafter: LongSparkDrafterModel | None = None,
+    synthetic_prefix_lengths: Sequence[int] = (),
+) -> dict[str, Any]:
+    """Per-round drafting time and persistent context-state bytes of LongSpark and the full-prefix baseline.
+
+    For each prefix length `t`: the target prefills `t` tokens (`prefix_ids`, else seeded random ids) into a
+    DynamicCache once; then one `LongSparkCandidateGenerator` per drafter, built exactly as `generate` builds
+    it, runs `warmup + rounds` drafting rounds on that cache (context update, then proposal of one block of
+    `B` greedy tokens), interleaving LongSpark and baseline rounds. Each LongSpark round folds `B + 1` rows into
+    the global summary, as a round that accepts a whole block does (the rows are the cache's last ones; only the
+    timing is meaningful). Times are medians over the `rounds` measured rounds.
+
+    Prefixes longer than the target's `max_position_embeddings` are skipped (listed in `skipped`) unless
+    `allow_extrapolation`: e.g. SmolLM2-135M has 8192 positions and plain RoPE (`rope_type="default"`, no
+    scaling), so 8192 is its longest prefix. `synthetic_prefix_lengths` are timed on a synthetic cache (random
+    K/V in the selected layers only, random boundary states; see `synthetic_cache`), at any length.
+
+    Returns:
+        One list per field of `ROW_FIELDS` (`prefix_lengths`, `longspark_ms`, `full_prefix_ms` (median ms per
+        round, update + proposal), `longspark_state_bytes` (`LongSparkContextState.nbytes`),
+        `full_prefix_state_bytes` (the KV rows the baseline attends to plus the boundary, measured from its
+        context), the update/proposal split, the prefill absorption time, `synthetic` flags, ...), the same as
+        `rows` (one dict per length), and metadata.
+    """
+    if rounds < 1 or warmup < 0:
+        raise ValueError(f"Need rounds >= 1 and warmup >= 0, got rounds={rounds}, warmup={warmup}.")
+    config = drafter.config
+    block = config.block_size
+    text_config = target.config.get_text_config()
+    max_positions = text_config.max_position_embeddings
+    rope = dict(getattr(text_config, "rope_parameters", None) or {})
+    lengths, skipped = _usable_lengths(prefix_lengths, block, max_positions, allow_extrapolation, rope)
+    synthetic_lengths, synthetic_skipped = _usable_lengths(synthetic_prefix_lengths, block, max_positions, True, rope)
+    skipped += [{**skip, "synthetic": True} for skip in synthetic_skipped]
+    device = next(target.parameters()).device
+    generator = torch.Generator().manual_seed(seed)
+    if prefix_ids is None:
+        tokens = torch.randint(0, text_config.vocab_size, (max(lengths, default=0) + 1,), generator=generator)
+        prefix_source = "random"
+    else:
+        tokens = torch.as_tensor(prefix_ids, dtype=torch.long).flatten()
+        prefix_source = "given"
+        if lengths and tokens.numel() < max(lengths) + 1:
+            raise ValueError(f"prefix_ids has {tokens.numel()} tokens; the longest prefix needs {max(lengths) + 1}.")
+    drafters = {"longspark": drafter, "full_prefix": full_prefix_drafter or make_full_prefix_drafter(drafter)}
+    rows = []
+    with torch.no_grad():
+        for length in lengths:
+            input_ids = tokens[: length + 1].to(device)[None]
+            gens = _generators(target, drafters, input_ids)  # both capture the boundary states of the prefill
+            cache = prefill(target, input_ids[:, :length], prefill_chunk)
+            rows.append({**_time_rounds(gens, cache, input_ids, length, rounds, warmup, device), "synthetic": False})
+            del cache, gens
+        parameter = next(target.parameters())
+        for length in synthetic_lengths:
+            input_ids = torch.randint(0, text_config.vocab_size, (1, length + 1), generator=generator).to(device)
+            gens = _generators(target, drafters, input_ids)
+            cache = synthetic_cache(target, config.target_layer_ids, length, seed)
+            for slot in range(len(config.target_layer_ids)):
+                state = torch.randn(1, block + 1, text_config.hidden_size, device=device, dtype=parameter.dtype)
+                for gen in gens.values():
+                    gen.capture.states[slot] = state
+            rows.append({**_time_rounds(gens, cache, input_ids, length, rounds, warmup, device), "synthetic": True})
+            del cache, gens
+
+    column_names = {field: "prefix_lengths" if field == "prefix_length" else field for field in ROW_FIELDS}
+    result: dict[str, Any] = {column_names[field]: [row[field] for row in rows] for field in ROW_FIELDS}
+    result.update(
+        benchmark="drafting-cost",
+        rows=rows,
+        synthetic_prefix_lengths=synthetic_lengths,
+        rounds=rounds,
+        warmup=warmup,
+        prefix_source=prefix_source,
+        skipped=skipped,
+        max_position_embeddings=max_positions,
+        rope_parameters=rope,
+        block_size=block,
+        window_size=config.window_size,
+        num_summary_queries=config.num_summary_queries,
+        num_draft_layers=config.num_draft_layers,
+        dtype=str(next(drafter.parameters()).dtype),
+        notes=(
+            "*_ms: median per drafting round (context update + proposal of one block); the LongSpark update folds "
+            "B + 1 rows into the global summary. longspark_state_bytes: LongSparkContextState.nbytes (summary + "
+            "boundary, persistent). full_prefix_state_bytes: the K/V rows of all D paired target layers the baseline "
+            "attends to each round, plus the boundary. LongSpark also reads a W-row window of the target cache "
+            "(longspark_window_bytes, fixed). Rows with synthetic=true use random K/V rows in the selected target "
+            "layers only and random boundary states instead of a target prefill (positions may exceed "
+            "max_position_embeddings: drafting cost depends on shapes alone)."
+        ),
+        machine=machine_info(device),
+    )
+    return result
+
+
+__all__ = [
+    "DEFAULT_PREFIX_LENGTHS",
+    "DEFAULT_SYNTHETIC_PREFIX_LENGTHS",
+    "SelectedLayersCache",
+    "full_prefix_state_bytes",
+    "run_drafting_cost",
+    "synthetic_cache",
+]

@@ -1,0 +1,144 @@
+"""The drafter's extra peak memory over plain `generate` (CPU peak RSS, a fresh process per configuration)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ..loading import load_drafter, load_target
+from .common import machine_info
+
+
+def _memory_worker(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """Runs in a fresh process: loads the target (and drafter), then one `generate`; reports peak RSS."""
+    import resource
+
+    if spec.get("num_threads"):
+        torch.set_num_threads(spec["num_threads"])
+    import transformers_longspark  # noqa: F401  (installs the generate() hook)
+
+    dtype = getattr(torch, spec.get("dtype", "float32"))
+    target, _ = load_target(spec.get("target"), dtype)
+    drafter = None
+    if spec["mode"] == "assisted":
+        drafter, _ = load_drafter(target, spec.get("drafter"))
+    with torch.no_grad():  # safetensors weights are memory-mapped lazily: make them resident before measuring
+        for module in (target, drafter):
+            for parameter in module.parameters() if module is not None else ():
+                parameter.sum()
+    rss_after_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    length, new_tokens = spec["prompt_length"], spec["max_new_tokens"]
+    vocab = target.config.get_text_config().vocab_size
+    input_ids = torch.randint(0, vocab, (1, length), generator=torch.Generator().manual_seed(spec.get("seed", 0)))
+    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+    if drafter is not None:
+        kwargs["assistant_model"] = drafter
+    start = time.perf_counter()
+    with torch.no_grad():
+        output = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
+    seconds = time.perf_counter() - start
+    rss_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {
+        "mode": spec["mode"],
+        "prompt_length": length,
+        "new_tokens": output.shape[1] - length,
+        "seconds": seconds,
+        "rss_after_load_kib": rss_after_load,  # Linux reports ru_maxrss in KiB
+        "rss_peak_kib": rss_peak,
+        "context_state_bytes": getattr(getattr(drafter, "drafting_stats", None), "context_state_bytes", None),
+    }
+
+
+def _memory_worker_main() -> None:
+    spec = json.loads(sys.argv[1])
+    print("MEMORY-RESULT " + json.dumps(_memory_worker(spec)), flush=True)
+
+
+def run_memory_benchmark(
+    prompt_lengths: Sequence[int] = (1024, 8192),
+    *,
+    max_new_tokens: int = 16,
+    target: str | None = None,
+    drafter: str | None = None,
+    dtype: str = "float32",
+    num_threads: int | None = 1,
+    seed: int = 0,
+    timeout: float | None = 1800,
+) -> dict[str, Any]:
+    """The drafter's extra peak memory over plain `generate`, at each prompt length (CPU, peak RSS).
+
+    Each configuration (plain / assisted x prompt length) runs in a fresh subprocess that loads the target (a local
+    checkpoint path, or the SmolLM2 demo target when None) and, if assisted, the drafter (`drafter` path, else the
+    default one of :func:`load_drafter`), records `ru_maxrss` after loading, generates `max_new_tokens`
+    greedy tokens from a seeded random prompt of that length, and records `ru_maxrss` again.
+
+    Returns, per length: both peaks, `extra_peak_mib` (assisted - plain peak, drafter weights included) and
+    `extra_runtime_mib` ((assisted peak - its after-load RSS) - (plain peak - its after-load RSS)); and
+    `extra_peak_growth_mib`, the change of the extra from the shortest to the longest prompt.
+    """
+    runs = []
+    command = "from transformers_longspark.benchmarks.memory import _memory_worker_main; _memory_worker_main()"
+    for length in prompt_lengths:
+        for mode in ("plain", "assisted"):
+            spec = dict(
+                mode=mode, prompt_length=int(length), max_new_tokens=max_new_tokens, target=target,
+                drafter=None if drafter is None else str(drafter), dtype=dtype, num_threads=num_threads, seed=seed,
+            )  # fmt: skip
+            # A fixed mmap threshold stops glibc from serving large tensors out of its heap, whose fragmentation
+            # would otherwise keep freed memory in the RSS: peak RSS then tracks the live tensors of each method.
+            env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+            completed = subprocess.run(
+                [sys.executable, "-c", command, json.dumps(spec)], capture_output=True, text=True, timeout=timeout,
+                env=env,
+            )  # fmt: skip
+            lines = [line for line in completed.stdout.splitlines() if line.startswith("MEMORY-RESULT ")]
+            if completed.returncode != 0 or not lines:
+                raise RuntimeError(
+                    f"The memory worker ({mode}, {length} tokens) failed with exit code {completed.returncode}:\n"
+                    f"{completed.stderr[-4000:]}"
+                )
+            runs.append(json.loads(lines[-1][len("MEMORY-RESULT ") :]))
+    mib = 1 / 1024
+    lengths = []
+    for length in prompt_lengths:
+        plain = next(r for r in runs if r["prompt_length"] == length and r["mode"] == "plain")
+        assisted = next(r for r in runs if r["prompt_length"] == length and r["mode"] == "assisted")
+        lengths.append(
+            {
+                "prompt_length": int(length),
+                "plain_after_load_mib": plain["rss_after_load_kib"] * mib,
+                "plain_peak_mib": plain["rss_peak_kib"] * mib,
+                "assisted_after_load_mib": assisted["rss_after_load_kib"] * mib,
+                "assisted_peak_mib": assisted["rss_peak_kib"] * mib,
+                "extra_peak_mib": (assisted["rss_peak_kib"] - plain["rss_peak_kib"]) * mib,
+                "extra_runtime_mib": (
+                    (assisted["rss_peak_kib"] - assisted["rss_after_load_kib"])
+                    - (plain["rss_peak_kib"] - plain["rss_after_load_kib"])
+                )
+                * mib,
+                "drafter_context_state_bytes": assisted["context_state_bytes"],
+            }
+        )
+    return {
+        "benchmark": "memory",
+        "prompt_lengths": [int(t) for t in prompt_lengths],
+        "max_new_tokens": max_new_tokens,
+        "lengths": lengths,
+        "extra_peak_growth_mib": lengths[-1]["extra_peak_mib"] - lengths[0]["extra_peak_mib"],
+        "runs": runs,
+        "notes": (
+            "Peak RSS (ru_maxrss) of a fresh process per configuration; extra_peak_mib = assisted - plain peak "
+            "(drafter weights included). Peak RSS is a high-water mark: allocator noise of a few MiB is expected."
+        ),
+        "machine": machine_info("cpu") | {"torch_threads": num_threads or torch.get_num_threads()},
+    }
+
+
+__all__ = ["run_memory_benchmark"]

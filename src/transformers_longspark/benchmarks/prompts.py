@@ -1,0 +1,134 @@
+"""Benchmark prompts: held-out chat, maths and code prompts (short), and Python stdlib files (long context)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+DEFAULT_LONG_LENGTHS = (2048, 4096, 8192)
+SHORT_SOURCES = ("gsm8k", "mmath-en", "stdlib-code")
+HELD_OUT_DIR = Path("data") / "smollm2" / "held_out"
+
+
+def chat_prompt_ids(tokenizer, messages: Sequence[Mapping[str, str]]) -> list[int]:
+    """The chat-templated prompt (generation prompt added) as token ids, as ``longspark regenerate`` builds it."""
+    text = tokenizer.apply_chat_template(
+        list(messages), tokenize=False, add_generation_prompt=True, enable_thinking=False
+    )
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _held_out_records(held_out_dir: Path) -> list[dict[str, Any]]:
+    records = []
+    for shard in sorted(held_out_dir.glob("*.jsonl")):
+        with shard.open(encoding="utf-8") as lines:
+            records += [json.loads(line) for line in lines if line.strip()]
+    return sorted(records, key=lambda record: record.get("id", 0))
+
+
+def short_prompts(
+    tokenizer, num_prompts: int = 6, held_out_dir: str | os.PathLike | None = HELD_OUT_DIR
+) -> list[dict[str, Any]]:
+    """Held-out chat, maths and code prompts, interleaved by source.
+
+    Reads the regenerated held-out records (``data/smollm2/held_out/*.jsonl``: their ``messages`` minus the
+    assistant turn, chat-templated); without them, holds out 40 prompts of each builtin source (gsm8k, mmath-en,
+    stdlib-code) exactly as ``longspark regenerate --held-out 40 --seed 0`` does.
+    """
+    from ..data import builtin_prompt_source, interleave, normalize_record, split_prompts
+
+    by_source: dict[str, list[dict[str, Any]]] = {}
+    held_out = Path(held_out_dir) if held_out_dir is not None else None
+    if held_out is not None and held_out.is_dir() and any(held_out.glob("*.jsonl")):
+        origin = str(held_out)
+        for index, record in enumerate(_held_out_records(held_out)):
+            prompt = normalize_record(record, index)
+            prompt["id"] = record.get("id", index)
+            by_source.setdefault(prompt["source"], []).append(prompt)
+    else:
+        origin = "builtin sources (held-out split: 40 per source, seed 0)"
+        for name in SHORT_SOURCES:
+            try:
+                records = [normalize_record(r, i, name) for i, r in enumerate(builtin_prompt_source(name))]
+            except ValueError as error:  # the source's package is not installed
+                print(f"WARNING: skipping prompt source {name}: {error}", file=sys.stderr)
+                continue
+            by_source[name] = split_prompts(records, 40, 0)[1]
+    prompts = interleave(*by_source.values())[:num_prompts]
+    return [
+        {
+            "name": f"{prompt['source']}-{prompt.get('id', index)}",
+            "source": prompt["source"],
+            "origin": origin,
+            "input_ids": chat_prompt_ids(tokenizer, prompt["messages"]),
+        }
+        for index, prompt in enumerate(prompts)
+    ]
+
+
+def _stdlib_files(min_bytes: int) -> list[Path]:
+    return [p for p in sorted(Path(os.__file__).parent.glob("*.py")) if p.stat().st_size >= min_bytes]
+
+
+def _file_token_ids(tokenizer, path: Path) -> list[int]:
+    text = path.read_text(encoding="utf-8", errors="replace")
+    return tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+
+
+def stdlib_token_ids(tokenizer, num_tokens: int) -> list[int]:
+    """At least ``num_tokens`` token ids of real Python code: large stdlib files, in name order, concatenated."""
+    ids: list[int] = []
+    for path in _stdlib_files(20_000):
+        ids += _file_token_ids(tokenizer, path)
+        if len(ids) >= num_tokens:
+            return ids[:num_tokens]
+    raise ValueError(f"The standard library holds fewer than {num_tokens} tokens of large files.")
+
+
+def long_context_prompts(
+    tokenizer,
+    lengths: Sequence[int] = DEFAULT_LONG_LENGTHS,
+    num_prompts: int | None = None,
+    max_positions: int | None = None,
+    reserve: int = 0,
+) -> list[dict[str, Any]]:
+    """Code-continuation prompts: Python stdlib files (one per prompt, in name order) cut to ``lengths[i % n]`` tokens.
+
+    Lengths are capped at ``max_positions - reserve`` (reserve room for the new tokens and one draft block). The
+    prompts are raw code, no chat template: the target continues the file.
+    """
+    lengths = list(lengths)
+    num_prompts = len(lengths) if num_prompts is None else num_prompts
+    if max_positions is not None:
+        lengths = [min(length, max_positions - reserve) for length in lengths]
+    prompts: list[dict[str, Any]] = []
+    files = iter(_stdlib_files(min(lengths) * 2))
+    for index in range(num_prompts):
+        length = lengths[index % len(lengths)]
+        for path in files:
+            # ~3-4 characters per token for Python code; skip files that cannot reach `length` tokens.
+            if path.stat().st_size < 2 * length:
+                continue
+            ids = _file_token_ids(tokenizer, path)
+            if len(ids) >= length:
+                name = f"{path.stem}.py[:{length}]"
+                prompts.append({"name": name, "source": "stdlib-file", "input_ids": ids[:length]})
+                break
+        else:
+            raise ValueError(f"No more standard-library files hold {length} tokens (found {len(prompts)} prompts).")
+    return prompts
+
+
+__all__ = [
+    "DEFAULT_LONG_LENGTHS",
+    "HELD_OUT_DIR",
+    "SHORT_SOURCES",
+    "chat_prompt_ids",
+    "long_context_prompts",
+    "short_prompts",
+    "stdlib_token_ids",
+]

@@ -1,0 +1,218 @@
+"""Markdown tables and figures of the benchmark reports (the dicts the `run_*` functions return)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .common import format_length
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_markdown(report: Mapping[str, Any]) -> str:
+    """The speed report as a Markdown table (one row per workload, mode and method), with the machine below."""
+    header = (
+        "| workload | mode | method | tau | tok/s | speedup | ms/token | verify ms/round | propose ms/round "
+        "| update ms/round | greedy identical |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|\n"
+    )
+    lines = []
+    for row in report["rows"]:
+        identical = "-"
+        if "greedy_identical" in row:
+            verdict = "yes" if row["greedy_identical"] else "NO"
+            identical = f"{verdict} ({row['greedy_identical_prompts']}/{row['prompts']})"
+        cells = [
+            row["workload"],
+            row["mode"],
+            row["label"],
+            _fmt(row["tau"], ".2f"),
+            _fmt(row["tokens_per_s"], ".1f"),
+            _fmt(row["speedup"], ".2f") + ("x" if row["speedup"] is not None else ""),
+            _fmt(row["ms_per_token"], ".1f"),
+            _fmt(row.get("verify_ms_per_round"), ".1f"),
+            _fmt(row.get("proposal_ms_per_round"), ".2f"),
+            _fmt(row.get("context_update_ms_per_round"), ".2f"),
+            identical,
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    machine = report.get("machine", {})
+    settings = report.get("settings", {})
+    drafter = report.get("drafter", {})
+    notes = [
+        f"Machine: {machine.get('cpu')} ({machine.get('cpu_cores')} cores, {machine.get('torch_threads')} torch "
+        f"threads), torch {machine.get('torch')}, transformers {machine.get('transformers')}, {machine.get('device')}.",
+        f"Settings: max_new_tokens={settings.get('max_new_tokens')}, sampled at T={settings.get('temperature')} "
+        f"(no top-k/top-p), prompt_lookup_num_tokens={settings.get('prompt_lookup_num_tokens')}, "
+        f"ignore_eos={settings.get('ignore_eos')}.",
+        "tau = (new tokens - 1) / verification rounds; speedup is over plain generate in the same mode; verify "
+        "ms/round: target forward per round after the prefill (for plain generate, per decoding step).",
+    ]
+    if drafter and drafter.get("trained") is False:
+        notes.append("**The drafter is RANDOM (untrained): its tau and speedups are not meaningful.**")
+    return header + "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
+
+
+def format_drafting_cost(result: Mapping[str, Any]) -> str:
+    """The drafting-cost report as a Markdown table, one row per prefix length (synthetic ones marked)."""
+    lines = [
+        "| prefix | LongSpark ms/round | full-prefix ms/round | LongSpark state | full-prefix state |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    synthetic = result.get("synthetic") or [False] * len(result["prefix_lengths"])
+    for i, length in enumerate(result["prefix_lengths"]):
+        lines.append(
+            f"| {length}{' (synthetic)' if synthetic[i] else ''} | {result['longspark_ms'][i]:.2f} "
+            f"| {result['full_prefix_ms'][i]:.2f} | {result['longspark_state_bytes'][i] / 1024:.1f} KiB "
+            f"| {result['full_prefix_state_bytes'][i] / 2**20:.2f} MiB |"
+        )
+    for skip in result.get("skipped", []):
+        lines.append(f"\nskipped {skip['prefix_length']}: {skip['reason']}")
+    if any(synthetic):
+        lines.append("\n(synthetic): random K/V in the selected target layers and random boundary states.")
+    return "\n".join(lines) + "\n"
+
+
+def _save(fig, path: str | os.PathLike) -> Path:
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+    return path
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _length_axis(ax, lengths) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths)
+    ax.set_xticklabels([format_length(t) for t in lengths])
+    ax.set_xlabel("prefix length (tokens)")
+    ax.grid(True, alpha=0.3)
+
+
+def plot_drafting_cost(result: Mapping[str, Any], path: str | os.PathLike) -> Path:
+    """Two panels, like the paper's Figure 1 (left): (a) drafting time per round and (b) drafter context-state
+    memory (log scale) vs prefix length (log scale), LongSpark vs the full-prefix baseline. Synthetic-cache lengths
+    are drawn dotted with hollow markers on a shaded range. Writes `path` (PNG, PDF, ...)."""
+    plt = _pyplot()
+    lengths = result["prefix_lengths"]
+    synthetic = result.get("synthetic") or [False] * len(lengths)
+    fig, (time_ax, mem_ax) = plt.subplots(1, 2, figsize=(10, 3.8))
+    styles = {
+        "longspark": dict(label="LongSpark (window + summary)", marker="o", color="tab:blue"),
+        "full_prefix": dict(label="full-prefix drafter", marker="s", color="tab:red", linestyle="--"),
+    }
+    real = [i for i, s in enumerate(synthetic) if not s]
+    fake = [i for i, s in enumerate(synthetic) if s]
+    for name, style in styles.items():
+        mebibytes = [b / 2**20 for b in result[f"{name}_state_bytes"]]
+        for ax, values in ((time_ax, result[f"{name}_ms"]), (mem_ax, mebibytes)):
+            if real:
+                ax.plot([lengths[i] for i in real], [values[i] for i in real], **style)
+            if fake:
+                # Joined to the last real point, so that each method stays one curve.
+                joined = real[-1:] + fake
+                hollow = dict(linestyle=":", color=style["color"], marker=style["marker"], markerfacecolor="none")
+                label = None if real else style["label"]
+                ax.plot([lengths[i] for i in joined], [values[i] for i in joined], label=label, **hollow)
+    for ax in (time_ax, mem_ax):
+        _length_axis(ax, lengths)
+        if fake:
+            ax.axvspan(min(lengths[i] for i in fake) / 2**0.5, max(lengths) * 2**0.5, color="0.92", zorder=0,
+                       label="synthetic cache")  # fmt: skip
+        ax.legend()
+    time_ax.set_ylabel("drafting time per round (ms)")
+    time_ax.set_ylim(bottom=0)
+    time_ax.set_title("(a) drafting cost per round")
+    mem_ax.set_yscale("log")
+    mem_ax.set_ylabel("drafter context state (MiB)")
+    mem_ax.set_title("(b) drafter context-state memory")
+    return _save(fig, path)
+
+
+def format_verify_cost(result: Mapping[str, Any]) -> str:
+    """The verify-cost report as a Markdown table: one row per prefix, and per token count `k` the stock ms, the
+    fast ms and the fast forward's ratio to one stock decoding step."""
+    counts = result["num_tokens"]
+    header = "| prefix | " + " | ".join(f"k={k} stock ms | k={k} fast ms | k={k} fast/stock-1" for k in counts) + " |"
+    lines = [header, "|---:|" + "---:|" * (3 * len(counts))]
+    for i, length in enumerate(result["prefix_lengths"]):
+        cells = []
+        for j in range(len(counts)):
+            ratio = result["ratio_to_stock_one_token"][i][j]
+            cells += [f"{result['stock_ms'][i][j]:.2f}", f"{result['longspark_ms'][i][j]:.2f}", _fmt(ratio, ".2f")]
+        lines.append(f"| {format_length(length)} | " + " | ".join(cells) + " |")
+    lines.append(f"\nMedian of {result['repeats']} forwards after {result['warmup']} untimed ones, stock and fast "
+                 "interleaved; the crop back to the prefix is not timed. fast/stock-1: fast k-token forward over the "
+                 "stock 1-token forward (one plain decoding step).")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def plot_verify_cost(result: Mapping[str, Any], path: str | os.PathLike) -> Path:
+    """Two panels vs prefix length (log scale), one colour per token count `k`, stock dashed and fast solid:
+    (a) ms per cached forward of `k` tokens, (b) the same over the stock 1-token forward. Writes `path`."""
+    plt = _pyplot()
+    lengths, counts = result["prefix_lengths"], result["num_tokens"]
+    fig, (ms_ax, ratio_ax) = plt.subplots(1, 2, figsize=(10, 3.8))
+    colors = plt.get_cmap("tab10")
+    one = counts.index(1) if 1 in counts else None
+    for j, k in enumerate(counts):
+        color = colors(j % 10)
+        for name, style in (("stock", dict(linestyle="--", marker="s", markerfacecolor="none")),
+                            ("longspark", dict(linestyle="-", marker="o"))):  # fmt: skip
+            label = f"k={k} {'stock' if name == 'stock' else 'fast'}"
+            ms = [row[j] for row in result[f"{name}_ms"]]
+            ms_ax.plot(lengths, ms, color=color, label=label, **style)
+            if one is not None:
+                ratios = [m / row[one] for m, row in zip(ms, result["stock_ms"], strict=True)]
+                ratio_ax.plot(lengths, ratios, color=color, label=label, **style)
+    for ax in (ms_ax, ratio_ax):
+        _length_axis(ax, lengths)
+        ax.set_ylim(bottom=0)
+    ms_ax.set_ylabel("cached target forward (ms)")
+    ms_ax.set_title("(a) verification forward of k tokens")
+    ratio_ax.set_ylabel("x stock 1-token forward")
+    ratio_ax.set_title("(b) relative to one stock decoding step")
+    ratio_ax.axhline(1.0, color="0.5", linewidth=0.8)
+    ms_ax.legend(fontsize=7, ncol=2)
+    return _save(fig, path)
+
+
+def format_memory(result: Mapping[str, Any]) -> str:
+    """The memory report as a Markdown table, one row per prompt length."""
+    lines = [
+        "| prompt tokens | plain peak MiB | assisted peak MiB | extra peak MiB | extra at run time MiB |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for row in result["lengths"]:
+        lines.append(
+            f"| {row['prompt_length']} | {row['plain_peak_mib']:.1f} | {row['assisted_peak_mib']:.1f} "
+            f"| {row['extra_peak_mib']:+.1f} | {row['extra_runtime_mib']:+.1f} |"
+        )
+    lines.append(f"\nextra peak growth from shortest to longest prompt: {result['extra_peak_growth_mib']:+.1f} MiB")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = [
+    "format_drafting_cost",
+    "format_markdown",
+    "format_memory",
+    "format_verify_cost",
+    "plot_drafting_cost",
+    "plot_verify_cost",
+]

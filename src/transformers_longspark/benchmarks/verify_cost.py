@@ -1,0 +1,143 @@
+"""The target's cached verification forward of `k` tokens vs prefix length: stock path vs the fast one.
+
+Stock: transformers' `sdpa` attention and a plain `DynamicCache` (each forward concatenates every layer's cache).
+Fast (`longspark`): `verification.fast_verification`'s grouped-head attention and a cache whose layers are
+`ReservedDynamicLayer`s (`reserve_cache_rows`), as `generate` with a LongSpark drafter verifies. A LongSpark round
+verifies `k <= B + 1` tokens; its cost relative to one stock decoding step (`ratio_to_stock_one_token`) is what
+speculation has to beat.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from ..verification import fast_verification, reserve_cache_rows
+from .common import machine_info, measure, prefill, timed_call
+
+DEFAULT_VERIFY_PREFIX_LENGTHS = (512, 1024, 2048, 4096, 8192)
+DEFAULT_NUM_TOKENS = (1, 2, 4, 8, 16)
+PATHS = ("stock", "longspark")
+
+
+def reserved_copy(cache: DynamicCache, config, num_rows: int) -> DynamicCache:
+    """A cache whose layers are `ReservedDynamicLayer`s with room for `num_rows` rows, holding `cache`'s rows.
+
+    The same rows and layout as a prefill through reserved layers (each layer's buffer starts with the rows; `keys`
+    and `values` are views of it), without running the prefill twice.
+    """
+    reserved = DynamicCache(config=config)
+    reserve_cache_rows(reserved, num_rows)
+    for source, layer in zip(cache.layers, reserved.layers, strict=True):
+        layer.update(source.keys, source.values)
+    return reserved
+
+
+def _time_forwards(target, caches, ids, length: int, counts, repeats: int, warmup: int, device):
+    """`{path: [median ms per k]}` of the forwards of `ids[:, length : length + k]` on each path's cache."""
+
+    def prepare(path: str) -> None:
+        extra = caches[path].get_seq_length() - length
+        if extra > 0:
+            caches[path].crop(-extra)
+
+    medians: dict[str, list[float]] = {path: [] for path in PATHS}
+    for k in counts:
+        block = ids[:, length : length + k]
+        mask = torch.ones(1, length + k, dtype=torch.long, device=ids.device)
+
+        def forward(path: str, block=block, mask=mask, k=k) -> None:
+            target(block, attention_mask=mask, cache=caches[path], use_cache=True, logits_to_keep=k)
+
+        def fast_forward(forward=forward) -> None:
+            with fast_verification(target):
+                forward("longspark")
+
+        calls = {"stock": lambda forward=forward: forward("stock"), "longspark": fast_forward}
+        timings = measure(calls, repeats, warmup, device=device, prepare=prepare)
+        for path in PATHS:
+            medians[path].append(timings[path].median_ms())
+    return medians
+
+
+def run_verify_cost(
+    target: PreTrainedModel,
+    prefix_lengths: Sequence[int] = DEFAULT_VERIFY_PREFIX_LENGTHS,
+    num_tokens: Sequence[int] = DEFAULT_NUM_TOKENS,
+    repeats: int = 7,
+    warmup: int = 2,
+    *,
+    prefill_chunk: int = 2048,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Milliseconds of one cached target forward of `k` tokens after `t` cached rows, stock vs fast path.
+
+    For each prefix length `t`: seeded random ids are prefilled once (stock, `prefill_chunk` tokens per forward) into
+    a `DynamicCache`, whose rows are copied into a reserved-rows cache for the fast path. Then for each `k` in
+    `num_tokens`, `forward(k tokens)` (logits of all `k`, as verification computes them) is timed on each path,
+    interleaved per repeat so that machine noise hits both alike; before each forward, untimed, `cache.crop(-k)` drops
+    the previous forward's rows, as assisted decoding does after a rejection. Times are medians of `repeats`
+    forwards after `warmup` untimed ones. Positions past `max_position_embeddings` are used as they come (the cost
+    depends on shapes alone).
+
+    Returns:
+        `prefix_lengths`, `num_tokens`, `stock_ms` and `longspark_ms` (`[prefix][k]` median ms),
+        `ratio_to_stock_one_token` (`longspark_ms[i][j] / stock_ms[i][k=1]`, `None` without `k = 1` among
+        `num_tokens`), `stock_ratio_to_stock_one_token`, `prefill_ms` (stock prefill per prefix) and metadata.
+    """
+    lengths = sorted({int(t) for t in prefix_lengths})
+    counts = sorted({int(k) for k in num_tokens})
+    if not lengths or not counts or min(lengths) < 1 or min(counts) < 1:
+        raise ValueError(f"Need positive prefix lengths and token counts, got {prefix_lengths} and {num_tokens}.")
+    config = target.config.get_text_config()
+    attention = target.config._attn_implementation
+    if attention != "sdpa":
+        warnings.warn(f"The target uses {attention!r} attention, which fast_verification keeps: only the reserved "
+                      "cache rows differ between the two paths.", stacklevel=2)  # fmt: skip
+    device = next(target.parameters()).device
+    generator = torch.Generator().manual_seed(seed)
+    result: dict[str, Any] = {"prefix_lengths": lengths, "num_tokens": counts, "stock_ms": [], "longspark_ms": [],
+                              "prefill_ms": []}  # fmt: skip
+    with torch.no_grad():
+        for length in lengths:
+            ids = torch.randint(0, config.vocab_size, (1, length + max(counts)), generator=generator).to(device)
+            seconds, stock = timed_call(prefill, target, ids[:, :length], prefill_chunk, device=device)
+            result["prefill_ms"].append(1000.0 * seconds)
+            caches = {"stock": stock, "longspark": reserved_copy(stock, target.config, length + max(counts))}
+            del stock
+            medians = _time_forwards(target, caches, ids, length, counts, repeats, warmup, device)
+            for path in PATHS:
+                result[f"{path}_ms"].append(medians[path])
+            del caches
+
+    one = counts.index(1) if 1 in counts else None
+    for path, field in (("longspark", "ratio_to_stock_one_token"), ("stock", "stock_ratio_to_stock_one_token")):
+        result[field] = [
+            [None if one is None else ms / base[one] for ms in row]
+            for row, base in zip(result[f"{path}_ms"], result["stock_ms"], strict=True)
+        ]
+    result.update(
+        benchmark="verify-cost",
+        repeats=repeats,
+        warmup=warmup,
+        prefill_chunk=prefill_chunk,
+        attn_implementation=attention,
+        max_position_embeddings=config.max_position_embeddings,
+        dtype=str(next(target.parameters()).dtype),
+        target=getattr(target.config, "_name_or_path", "") or type(target).__name__,
+        notes=(
+            "*_ms[i][j]: median ms of one cached target forward of num_tokens[j] tokens (logits of all of them) "
+            "after prefix_lengths[i] rows. stock: the target's attention + DynamicCache (concatenating); longspark: "
+            "fast_verification's grouped-head attention + ReservedDynamicLayer rows. The cache.crop(-k) that "
+            "restores the prefix runs untimed before each forward; the two paths alternate within each repeat."
+        ),
+        machine=machine_info(device),
+    )
+    return result
+
+
+__all__ = ["DEFAULT_NUM_TOKENS", "DEFAULT_VERIFY_PREFIX_LENGTHS", "reserved_copy", "run_verify_cost"]
