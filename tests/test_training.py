@@ -62,7 +62,9 @@ def test_loss_with_a_draft_vocabulary_is_the_full_vocabulary_loss_with_q_zero_ou
 
 
 @pytest.mark.parametrize("overrides", [{}, {"use_global_summary": False}, {"use_recent_window": False},
-                                       {"use_boundary_state": False}, {"full_prefix_context": True}])  # fmt: skip
+                                       {"use_boundary_state": False}, {"full_prefix_context": True},
+                                       {"summary_key_positions": "block_start"},
+                                       {"summary_key_positions": "block_start", "use_recent_window": False}])  # fmt: skip
 def test_training_views_and_logits_equal_inference(target_kind, overrides):
     """For each anchor t, the generator's inference context after the target cached x[:t] gives the same drafter
     logits as the batched teacher-forced context, for the full model and every ablation."""

@@ -9,6 +9,8 @@ from transformers import PreTrainedConfig
 
 # Targets whose decoder layers, KV cache and RoPE the drafter knows how to read (see `targets.py`).
 SUPPORTED_TARGET_TYPES = ("llama", "qwen3", "qwen2", "mistral")
+# How the summary queries `U` are positioned when they serve as attention keys (see `LongSparkConfig`).
+SUMMARY_KEY_POSITIONS = ("none", "block_start")
 
 
 def select_target_layers(num_target_layers: int, num_selected: int = 5) -> list[int]:
@@ -58,6 +60,11 @@ class LongSparkConfig(PreTrainedConfig):
         full_prefix_context (`bool`): baseline mode that attends to ALL KV rows of the paired target layers instead
             of window + summary (the DFlash/DSpark-style context whose cost grows with the prefix).
         summary_chunk_size (`int`): rows folded into the summary per step at prefill (bounds the `m x T` scores).
+        summary_key_positions (`str`): position the summary queries `U` carry as the drafter's attention KEYS.
+            `"none"` (default, SPEC section 3): `U` unrotated, so a block query's score `q . U` depends on the block's
+            absolute position (its RoPE), unexplored beyond the training lengths. `"block_start"`: `U` rotated by the
+            target's RoPE at the block's first position `t`, so `q . U` depends only on the offset within the block.
+            Either way the summary VALUES `S_t` are computed with unrotated `U` against the cached keys.
     """
 
     model_type = "longspark"
@@ -89,6 +96,7 @@ class LongSparkConfig(PreTrainedConfig):
     use_recent_window: bool = True
     full_prefix_context: bool = False
     summary_chunk_size: int = 2048
+    summary_key_positions: str = "none"
     tie_word_embeddings: bool = False
 
     def __post_init__(self, **kwargs):
@@ -101,6 +109,10 @@ class LongSparkConfig(PreTrainedConfig):
         for name in ("block_size", "window_size", "num_summary_queries", "markov_rank", "summary_chunk_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be >= 1, got {getattr(self, name)}.")
+        if self.summary_key_positions not in SUMMARY_KEY_POSITIONS:
+            raise ValueError(
+                f"`summary_key_positions` must be one of {SUMMARY_KEY_POSITIONS}, got {self.summary_key_positions!r}."
+            )
         if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
             raise ValueError(
                 f"`draft_vocab_size` must be between 1 and vocab_size ({self.vocab_size}), got "
@@ -167,4 +179,4 @@ class LongSparkConfig(PreTrainedConfig):
         return cls(**fields)
 
 
-__all__ = ["LongSparkConfig", "select_target_layers", "SUPPORTED_TARGET_TYPES"]
+__all__ = ["SUMMARY_KEY_POSITIONS", "SUPPORTED_TARGET_TYPES", "LongSparkConfig", "select_target_layers"]

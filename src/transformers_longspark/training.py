@@ -244,10 +244,12 @@ def build_drafter(config: TrainingConfig, target, sequences: list[Sequence]) -> 
     """A fresh drafter, or `init_drafter`; restricted to the tokens most frequent in `sequences` when the config sets
     `drafter.draft_vocab_size` and the drafter does not have a draft vocabulary yet."""
     size = config.drafter.get("draft_vocab_size")
+    overrides = {k: v for k, v in config.drafter.items() if k != "draft_vocab_size"}
     if config.init_drafter:
-        drafter = LongSparkDrafterModel.from_pretrained(config.init_drafter, dtype=torch.float32)
+        # Overrides that keep the weights' shapes (e.g. `summary_key_positions`) apply to the loaded drafter too.
+        drafter = LongSparkDrafterModel.from_pretrained(config.init_drafter, dtype=torch.float32, **overrides)
+        drafter.config._check_fields()
     else:
-        overrides = {k: v for k, v in config.drafter.items() if k != "draft_vocab_size"}
         drafter = LongSparkDrafterModel(LongSparkConfig.from_target_config(target.config, **overrides))
     if size is not None and drafter.config.draft_vocab_size is None:
         eos = target.generation_config.eos_token_id if target.generation_config is not None else None
