@@ -86,41 +86,60 @@ def _context_bytes(tensors: Sequence[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _time_rounds(gens, cache, input_ids, length: int, rounds: int, warmup: int, device) -> dict[str, Any]:
-    """The per-length fields of one prefix: first the round after prefill (LongSpark absorbs the whole prefix), then
-    `warmup + rounds` interleaved steady-state rounds, each folding `B + 1` new rows into the summary."""
+class _Prefix:
+    """One prefix length's cache, candidate generators (hooks already removed) and prompt ids."""
+
+    def __init__(self, length: int, cache, gens: dict[str, LongSparkCandidateGenerator], input_ids, synthetic: bool):
+        self.length, self.cache, self.gens, self.input_ids, self.synthetic = length, cache, gens, input_ids, synthetic
+        for gen in gens.values():
+            gen.capture.remove()  # keep the states captured at this prefill; later prefills must not overwrite them
+
+
+def _row(prefix: _Prefix, timings: Mapping[str, Any], device) -> dict[str, Any]:
+    """The per-length fields: the round after prefill (LongSpark absorbs the whole prefix, timed once) and the
+    medians of the steady-state rounds, each folding `B + 1` new rows into the summary."""
+    gens, length = prefix.gens, prefix.length
     config = gens["longspark"].config
-    block = config.block_size
-    row: dict[str, Any] = {"prefix_length": length}
-    contexts = {}
-    for name, gen in gens.items():
-        seconds, contexts[name] = timed_call(gen.update_context, cache, length, 0, device=device)
-        if name == "longspark":
-            row["longspark_prefill_absorb_ms"] = 1000.0 * seconds
-
-    def prepare(name: str) -> None:
-        gens[name].state.num_absorbed = length - (block + 1)  # steady state: one full block's rows are new
-
-    calls = {
-        name: (lambda gen=gen: gen.update_context(cache, length, 0),
-               lambda context, gen=gen: gen.propose(input_ids, context, block))
-        for name, gen in gens.items()
-    }  # fmt: skip
-    timings = measure(calls, rounds, warmup, device=device, prepare=prepare)
-    for name, timing in timings.items():
+    row: dict[str, Any] = {"prefix_length": length, "synthetic": prefix.synthetic}
+    for name in gens:
+        timing = timings[f"{name}@{length}"]
         row[f"{name}_ms"] = timing.median_ms()
         row[f"{name}_update_ms"] = timing.median_ms(0)
         row[f"{name}_proposal_ms"] = timing.median_ms(1)
-    full, ls = contexts["full_prefix"], contexts["longspark"]
-    row["longspark_state_bytes"] = gens["longspark"].state.nbytes
+    gen = gens["longspark"]
+    gen.state = type(gen.state)(config.num_draft_layers, config.summary_chunk_size)
+    seconds, _ = timed_call(gen.update_context, prefix.cache, length, 0, device=device)
+    row["longspark_prefill_absorb_ms"] = 1000.0 * seconds
+    full = gens["full_prefix"].update_context(prefix.cache, length, 0)
+    ls = gen.update_context(prefix.cache, length, 0)
+    row["longspark_state_bytes"] = gen.state.nbytes
     full_rows = _context_bytes(full.window_keys + full.window_values)
     row["full_prefix_state_bytes"] = gens["full_prefix"].state.nbytes + full_rows
     row["longspark_window_bytes"] = _context_bytes(ls.window_keys + ls.window_values)
     kv_dtype = full.window_keys[0].dtype if full.window_keys else torch.float32
     row["full_prefix_state_bytes_formula"] = full_prefix_state_bytes(config, length, kv_dtype)
-    for gen in gens.values():
-        gen.capture.remove()
     return row
+
+
+def _time_all(prefixes: Sequence[_Prefix], rounds: int, warmup: int, device) -> list[dict[str, Any]]:
+    """Times every (drafter, prefix length) pair in ONE interleaved loop, the order rotated every round, so that
+    machine noise and the cache traffic of the long full-prefix rounds hit every length alike."""
+    calls, setup = {}, {}
+    for prefix in prefixes:
+        block = prefix.gens["longspark"].config.block_size
+        for name, gen in prefix.gens.items():
+            key = f"{name}@{prefix.length}"
+            gen.update_context(prefix.cache, prefix.length, 0)  # the round after prefill absorbs the prefix
+            calls[key] = (lambda gen=gen, p=prefix: gen.update_context(p.cache, p.length, 0),
+                          lambda context, gen=gen, p=prefix, b=block: gen.propose(p.input_ids, context, b))  # fmt: skip
+            setup[key] = (gen, prefix.length - (block + 1))
+
+    def prepare(key: str) -> None:
+        gen, absorbed = setup[key]
+        gen.state.num_absorbed = absorbed  # steady state: one full block's rows are new
+
+    timings = measure(calls, rounds, warmup, device=device, prepare=prepare)
+    return [_row(prefix, timings, device) for prefix in prefixes]
 
 
 def _usable_lengths(lengths, block: int, max_positions: int, allow_extrapolation: bool, rope: Mapping):
@@ -159,9 +178,10 @@ def run_drafting_cost(
     For each prefix length `t`: the target prefills `t` tokens (`prefix_ids`, else seeded random ids) into a
     DynamicCache once; then one `LongSparkCandidateGenerator` per drafter, built exactly as `generate` builds
     it, runs `warmup + rounds` drafting rounds on that cache (context update, then proposal of one block of
-    `B` greedy tokens), interleaving LongSpark and baseline rounds. Each LongSpark round folds `B + 1` rows into
-    the global summary, as a round that accepts a whole block does (the rows are the cache's last ones; only the
-    timing is meaningful). Times are medians over the `rounds` measured rounds.
+    `B` greedy tokens). All lengths and both drafters are interleaved in one loop, in an order rotated every
+    round. Each LongSpark round folds `B + 1` rows into the global summary, as a round that accepts a whole block
+    does (the rows are the cache's last ones; only the timing is meaningful). Times are medians over the `rounds`
+    measured rounds.
 
     Prefixes longer than the target's `max_position_embeddings` are skipped (listed in `skipped`) unless
     `allow_extrapolation`: e.g. SmolLM2-135M has 8192 positions and plain RoPE (`rope_type="default"`, no
@@ -196,14 +216,13 @@ def run_drafting_cost(
         if lengths and tokens.numel() < max(lengths) + 1:
             raise ValueError(f"prefix_ids has {tokens.numel()} tokens; the longest prefix needs {max(lengths) + 1}.")
     drafters = {"longspark": drafter, "full_prefix": full_prefix_drafter or make_full_prefix_drafter(drafter)}
-    rows = []
+    prefixes = []
     with torch.no_grad():
         for length in lengths:
             input_ids = tokens[: length + 1].to(device)[None]
             gens = _generators(target, drafters, input_ids)  # both capture the boundary states of the prefill
             cache = prefill(target, input_ids[:, :length], prefill_chunk)
-            rows.append({**_time_rounds(gens, cache, input_ids, length, rounds, warmup, device), "synthetic": False})
-            del cache, gens
+            prefixes.append(_Prefix(length, cache, gens, input_ids, synthetic=False))
         parameter = next(target.parameters())
         for length in synthetic_lengths:
             input_ids = torch.randint(0, text_config.vocab_size, (1, length + 1), generator=generator).to(device)
@@ -213,8 +232,9 @@ def run_drafting_cost(
                 state = torch.randn(1, block + 1, text_config.hidden_size, device=device, dtype=parameter.dtype)
                 for gen in gens.values():
                     gen.capture.states[slot] = state
-            rows.append({**_time_rounds(gens, cache, input_ids, length, rounds, warmup, device), "synthetic": True})
-            del cache, gens
+            prefixes.append(_Prefix(length, cache, gens, input_ids, synthetic=True))
+        rows = _time_all(prefixes, rounds, warmup, device)
+    del prefixes
 
     column_names = {field: "prefix_lengths" if field == "prefix_length" else field for field in ROW_FIELDS}
     result: dict[str, Any] = {column_names[field]: [row[field] for row in rows] for field in ROW_FIELDS}
