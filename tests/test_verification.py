@@ -106,6 +106,9 @@ def test_reserved_layer_matches_a_dynamic_layer_through_updates_and_crops():
         torch.testing.assert_close(reserved.values, dynamic.values, rtol=0, atol=0)
         assert reserved.get_seq_length() == dynamic.get_seq_length()
     assert reserved.capacity >= 12
+    exact = ReservedDynamicLayer(capacity=10)
+    exact.update(torch.randn(1, 2, 10, 4), torch.randn(1, 2, 10, 4))
+    assert exact.capacity == 10 and exact._key_buffer.shape[-2] == 10  # a reserve that fits is not over-allocated
     reserved.batch_select_indices(torch.tensor([0]))  # replaces the tensors: the next update reallocates
     dynamic.batch_select_indices(torch.tensor([0]))
     k = torch.randn(1, 2, 3, 4)

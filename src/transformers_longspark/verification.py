@@ -107,7 +107,8 @@ class ReservedDynamicLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         length, new = self.get_seq_length(), key_states.shape[-2]
         if not self._owns_rows(key_states, length + new):
-            self._reallocate(key_states, value_states, max(self.capacity, (3 * (length + new)) // 2))
+            rows = length + new
+            self._reallocate(key_states, value_states, self.capacity if rows <= self.capacity else (3 * rows) // 2)
         self._key_buffer[..., length : length + new, :].copy_(key_states)
         self._value_buffer[..., length : length + new, :].copy_(value_states)
         self.keys = self._key_buffer[..., : length + new, :]
