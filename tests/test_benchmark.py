@@ -34,7 +34,7 @@ SUMMARY_FIELDS = {
     "tokens_per_forward",
 }  # fmt: skip
 DRAFTER_FIELDS = {"proposal_ms_per_round", "context_update_ms_per_round", "context_state_bytes", "drafted_tokens"}
-DRAFTER_METHODS = ("longspark", "longspark_stock_verify", "full_prefix")
+DRAFTER_METHODS = ("longspark", "longspark_whole_blocks", "longspark_stock_verify", "full_prefix")
 
 
 # --- tau ----------------------------------------------------------------------------------------------------------
@@ -126,10 +126,10 @@ def test_speed_report_runs_per_prompt(speed_report):
 
 
 def test_verification_paths_change_nothing_but_the_time(speed_report):
-    """Fast and stock verification of the same drafts: identical outputs and the same rounds, greedy."""
+    """Fast and stock verification of the same drafts (whole blocks): identical outputs and the same rounds."""
     for workload in ("short", "long"):
         greedy = speed_report["workloads"][workload]["greedy"]
-        for fast, stock in (("longspark", "longspark_stock_verify"), ("prompt_lookup_fast", "prompt_lookup")):
+        for fast, stock in (("longspark_whole_blocks", "longspark_stock_verify"), ("prompt_lookup_fast", "prompt_lookup")):
             assert greedy["methods"][fast]["greedy_identical"] and greedy["methods"][stock]["greedy_identical"]
             rounds = [[run["rounds"] for run in greedy["runs"][method]] for method in (fast, stock)]
             assert rounds[0] == rounds[1], (workload, fast)

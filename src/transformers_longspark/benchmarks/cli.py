@@ -64,8 +64,9 @@ def _add_speed_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--methods", nargs="+", choices=list(METHODS),
         help="methods for every mode; plain is always added (default: all in greedy mode, all but full_prefix in "
-        "sampled mode). longspark and full_prefix verify on the fast path; longspark_stock_verify is the same "
-        "drafter on transformers' stock path; prompt_lookup_fast is prompt lookup on the fast path",
+        "sampled mode). longspark and full_prefix verify on the fast path with the drafter's confidence threshold; "
+        "longspark_whole_blocks drafts whole blocks (threshold 0); longspark_stock_verify drafts whole blocks on "
+        "transformers' stock path (the path before both); prompt_lookup_fast is prompt lookup on the fast path",
     )  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--num-short-prompts", type=int, default=6)

@@ -6,10 +6,11 @@ plus one. Plain `generate` runs one forward per token, so its tau is 1. For prom
 target forward calls minus one (it may already verify candidates with the prefill, which the `tokens_per_forward`
 column, new tokens / target forwards, accounts for exactly).
 
-Verification path. LongSpark verifies with `verification.fast_verification` by default; `longspark_stock_verify`
-runs the same drafter with `drafter.fast_verification = False` (transformers' `sdpa` attention and concatenating
-cache), and `prompt_lookup_fast` runs stock prompt lookup inside `fast_verification` with a reserved-rows cache, so
-that one run shows each method before and after the fast path.
+Before and after. `longspark` runs as users get it: the fast verification path (`verification.py`) and the
+drafter's `assistant_confidence_threshold`. `longspark_whole_blocks` is the same with whole blocks (threshold 0), and
+`longspark_stock_verify` whole blocks on transformers' stock path (`sdpa` attention, concatenating cache): the path
+before both changes. `prompt_lookup_fast` runs stock prompt lookup inside `fast_verification` with a reserved-rows
+cache, so that one run shows each method before and after.
 """
 
 from __future__ import annotations
@@ -30,19 +31,28 @@ from .models import make_full_prefix_drafter
 from .prompts import chat_prompt_ids
 
 MODES = ("greedy", "sampled")
-METHODS = ("plain", "prompt_lookup", "prompt_lookup_fast", "longspark", "longspark_stock_verify", "full_prefix")
+METHODS = ("plain", "prompt_lookup", "prompt_lookup_fast", "longspark", "longspark_whole_blocks", "longspark_stock_verify",
+           "full_prefix")  # fmt: skip
 METHOD_LABELS = {
     "plain": "plain generate",
     "prompt_lookup": "prompt lookup",
     "prompt_lookup_fast": "prompt lookup (fast verification)",
     "longspark": "LongSpark",
-    "longspark_stock_verify": "LongSpark (stock verification)",
+    "longspark_whole_blocks": "LongSpark (whole blocks)",
+    "longspark_stock_verify": "LongSpark (stock verification, whole blocks)",
     "full_prefix": "full-prefix drafter",
 }
 # Which methods run in which decoding mode by default (the full-prefix baseline is measured greedily).
 DEFAULT_METHODS = {"greedy": METHODS, "sampled": tuple(m for m in METHODS if m != "full_prefix")}
-# Drafter methods, and whether each verifies on the fast path.
-DRAFTER_METHODS = {"longspark": True, "longspark_stock_verify": False, "full_prefix": True}
+# Drafter methods and what each changes on the drafter for its runs: the verification path, and whole blocks
+# (`assistant_confidence_threshold = 0`) instead of the drafter's own threshold. "Stock verification" is the path
+# before both changes.
+DRAFTER_METHODS = {
+    "longspark": {},
+    "longspark_whole_blocks": {"assistant_confidence_threshold": 0.0},
+    "longspark_stock_verify": {"fast_verification": False, "assistant_confidence_threshold": 0.0},
+    "full_prefix": {},
+}
 
 Prompt = Mapping[str, Any]
 """A benchmark prompt: `{"name": str, "input_ids": list[int], ...metadata}`."""
@@ -162,12 +172,15 @@ def _verification_path(target: PreTrainedModel, method: str, kwargs: dict[str, A
         with fast_verification(target, cache, max_length):
             yield
     elif method in DRAFTER_METHODS:
-        drafter = kwargs["assistant_model"]
-        previous, drafter.fast_verification = drafter.fast_verification, DRAFTER_METHODS[method]
+        drafter, settings = kwargs["assistant_model"], DRAFTER_METHODS[method]
+        generation_config = drafter.generation_config
+        previous = drafter.fast_verification, generation_config.assistant_confidence_threshold
+        drafter.fast_verification = settings.get("fast_verification", True)
+        generation_config.assistant_confidence_threshold = settings.get("assistant_confidence_threshold", previous[1])
         try:
             yield
         finally:
-            drafter.fast_verification = previous
+            drafter.fast_verification, generation_config.assistant_confidence_threshold = previous
     else:
         yield
 
@@ -315,7 +328,7 @@ def run_speed_benchmark(
         raise ValueError("No prompts to benchmark.")
     per_mode = _methods_per_mode(modes, methods)
     device = next(target.parameters()).device
-    drafters = {"longspark": drafter, "longspark_stock_verify": drafter}
+    drafters = {"longspark": drafter, "longspark_whole_blocks": drafter, "longspark_stock_verify": drafter}
     if any("full_prefix" in names for names in per_mode.values()):
         drafters["full_prefix"] = full_prefix_drafter or make_full_prefix_drafter(drafter)
     pad_token_id = target.generation_config.pad_token_id
