@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from conftest import make_drafter, make_target
 from transformers import DynamicCache
 
+from conftest import make_drafter, make_target
 from transformers_longspark.context_state import DraftContext
 from transformers_longspark.generation import LongSparkCandidateGenerator
 from transformers_longspark.training import Sequence, load_sequences, sample_anchors, teacher_forced_batch

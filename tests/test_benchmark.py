@@ -129,7 +129,8 @@ def test_verification_paths_change_nothing_but_the_time(speed_report):
     """Fast and stock verification of the same drafts (whole blocks): identical outputs and the same rounds."""
     for workload in ("short", "long"):
         greedy = speed_report["workloads"][workload]["greedy"]
-        for fast, stock in (("longspark_whole_blocks", "longspark_stock_verify"), ("prompt_lookup_fast", "prompt_lookup")):
+        pairs = (("longspark_whole_blocks", "longspark_stock_verify"), ("prompt_lookup_fast", "prompt_lookup"))
+        for fast, stock in pairs:
             assert greedy["methods"][fast]["greedy_identical"] and greedy["methods"][stock]["greedy_identical"]
             rounds = [[run["rounds"] for run in greedy["runs"][method]] for method in (fast, stock)]
             assert rounds[0] == rounds[1], (workload, fast)

@@ -1,7 +1,7 @@
 """The summary math: incremental folding equals recomputation, and training's prefix summaries equal inference's."""
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, GenerationConfig
 
 from conftest import make_drafter, make_target
 from transformers_longspark.context_state import (
@@ -11,7 +11,6 @@ from transformers_longspark.context_state import (
     summarize_rows,
 )
 from transformers_longspark.generation import LongSparkCandidateGenerator
-from transformers import GenerationConfig
 
 
 def reference_summary(queries, keys, values):
@@ -38,7 +37,8 @@ def test_chunked_absorb_is_stable_for_large_scores():
     state = LongSparkContextState(num_layers=1, chunk_size=7)
     state.absorb(0, queries, keys, values)
     assert torch.isfinite(state.summaries[0]).all()
-    torch.testing.assert_close(state.summaries[0].double(), reference_summary(queries, keys, values), rtol=1e-5, atol=1e-5)
+    reference = reference_summary(queries, keys, values)
+    torch.testing.assert_close(state.summaries[0].double(), reference, rtol=1e-5, atol=1e-5)
 
 
 def test_incremental_summary_equals_recomputation_over_50_rounds_with_crops(target_kind):

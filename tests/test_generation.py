@@ -201,7 +201,8 @@ def test_chi_square_detects_a_broken_verifier(sampling_setup, monkeypatch):
 def test_greedy_equals_target_on_qwen2_and_mistral(kind):
     from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "mistral": (MistralConfig, MistralForCausalLM)}[kind]
+    classes = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "mistral": (MistralConfig, MistralForCausalLM)}
+    config_cls, model_cls = classes[kind]
     torch.manual_seed(0)
     target = model_cls(config_cls(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
                                   num_attention_heads=4, num_key_value_heads=2, head_dim=8,
@@ -211,7 +212,9 @@ def test_greedy_equals_target_on_qwen2_and_mistral(kind):
     assert torch.equal(reference, assisted)
 
 
-@pytest.mark.parametrize("ablation", ["use_global_summary", "use_boundary_state", "use_recent_window", "full_prefix_context"])
+@pytest.mark.parametrize(
+    "ablation", ["use_global_summary", "use_boundary_state", "use_recent_window", "full_prefix_context"]
+)
 def test_ablations_generate_losslessly(ablation):
     target = make_bigram_target("qwen3", vocab_size=64, seed=2)
     flag = {ablation: ablation == "full_prefix_context"}

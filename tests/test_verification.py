@@ -100,7 +100,7 @@ def test_reserved_layer_matches_a_dynamic_layer_through_updates_and_crops():
     for rows, crop in [(4, 0), (3, -2), (8, -1), (1, 0), (5, -5), (2, 0)]:  # outgrows the 6 reserved rows twice
         k, v = torch.randn(1, 2, rows, 4, generator=g), torch.randn(1, 2, rows, 4, generator=g)
         for layer in (reserved, dynamic):
-            keys, values = layer.update(k, v)
+            layer.update(k, v)
             layer.crop(crop)
         torch.testing.assert_close(reserved.keys, dynamic.keys, rtol=0, atol=0)
         torch.testing.assert_close(reserved.values, dynamic.values, rtol=0, atol=0)

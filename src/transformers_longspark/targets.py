@@ -55,7 +55,8 @@ def check_target_compatible(config: LongSparkConfig, target: PreTrainedModel) ->
     model_type = getattr(text_config, "model_type", None)
     if model_type not in SUPPORTED_TARGET_TYPES:
         raise ValueError(
-            f"LongSpark does not support targets of type {model_type!r} (supported: {', '.join(SUPPORTED_TARGET_TYPES)}): "
+            f"LongSpark does not support targets of type {model_type!r} "
+            f"(supported: {', '.join(SUPPORTED_TARGET_TYPES)}): "
             "it needs full-attention layers whose KV cache can be read and cropped."
         )
     head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads

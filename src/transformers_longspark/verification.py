@@ -63,7 +63,8 @@ def grouped_verification_attention(
     batch, num_heads, num_queries, head_dim = query.shape
     num_kv_heads, num_keys = key.shape[1], key.shape[2]
     unsupported = dropout > 0.0 or kwargs.get("position_bias") is not None or kwargs.get("s_aux") is not None
-    if num_queries > MAX_FOLDED_QUERIES or unsupported or (attention_mask is not None and attention_mask.dtype != torch.bool):
+    float_mask = attention_mask is not None and attention_mask.dtype != torch.bool
+    if num_queries > MAX_FOLDED_QUERIES or unsupported or float_mask:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)  # fmt: skip
     groups = num_heads // num_kv_heads
