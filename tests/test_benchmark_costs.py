@@ -211,6 +211,7 @@ def test_cost_commands_end_to_end_on_the_tiny_synthetic_target(tmp_path, capsys)
     assert "(synthetic)" in capsys.readouterr().out
 
 
-def test_target_and_synthetic_target_exclude_each_other():
-    with pytest.raises(ValueError, match="either --target or --synthetic-target"):
+def test_target_and_synthetic_target_exclude_each_other(capsys):
+    with pytest.raises(SystemExit) as exit_info:
         cli.main(["bench", "verify-cost", "--target", "some/folder", "--synthetic-target", "tiny"])
+    assert exit_info.value.code == 2 and "either --target or --synthetic-target" in capsys.readouterr().err

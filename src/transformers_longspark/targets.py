@@ -44,8 +44,9 @@ def _rope_signature(rope_parameters: dict | None) -> dict:
     return {k: v for k, v in (rope_parameters or {}).items() if v is not None}
 
 
-def check_target_compatible(config: LongSparkConfig, target: PreTrainedModel) -> None:
-    """Raises `ValueError` naming every mismatch between a drafter config and its target, and how to fix it."""
+def check_target_compatible(config: LongSparkConfig, target: PreTrainedModel, drafter_name: str | None = None) -> None:
+    """Raises `ValueError` naming every mismatch between a drafter config and its target, and how to fix it.
+    `drafter_name` (e.g. the drafter's folder) and the target's `name_or_path` are named in the message."""
     target_config = target.config
     if getattr(target_config, "is_encoder_decoder", False):
         raise ValueError(
@@ -77,8 +78,10 @@ def check_target_compatible(config: LongSparkConfig, target: PreTrainedModel) ->
     if _rope_signature(config.rope_parameters) != _rope_signature(text_config.rope_parameters):
         problems.append(f"rope_parameters: drafter {config.rope_parameters} != target {text_config.rope_parameters}")
     if problems:
+        drafter = f"The LongSpark drafter {drafter_name}" if drafter_name else "This LongSpark drafter"
+        target_name = f" {target.name_or_path}" if getattr(target, "name_or_path", "") else ""
         raise ValueError(
-            "This LongSpark drafter does not match the target model: "
+            f"{drafter} does not match the target model{target_name}: "
             + "; ".join(problems)
             + ". Use a drafter trained for this target, or build one with "
             "`LongSparkConfig.from_target_config(target.config)`."

@@ -15,19 +15,19 @@ import json
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-import yaml
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
 from .configuration_longspark import LongSparkConfig
 from .context_state import DraftContext, prefix_summaries
+from .files import check_fields, looks_like_hub_id, read_jsonl, read_yaml, require_path
 from .loading import load_target
 from .modeling_longspark import LongSparkDrafterModel
 from .targets import HiddenStateCapture, TargetModules, check_target_compatible, target_modules
@@ -68,12 +68,23 @@ class TrainingConfig:
 
     @classmethod
     def from_file(cls, path: str | Path, **overrides: Any) -> TrainingConfig:
-        values = yaml.safe_load(Path(path).read_text()) or {}
+        """The config in a YAML/JSON file; `overrides` that are not None replace its fields."""
+        path = require_path(path, "Training config", "pass a YAML/JSON file such as configs/smollm2-135m-cpu.yaml.")
+        values = read_yaml(path, "Training config") or {}
+        if not isinstance(values, dict):
+            raise ValueError(f"Training config {path} must map field names to values (`output_dir: runs/x`).")
         values.update({k: v for k, v in overrides.items() if v is not None})
-        unknown = set(values) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"Unknown training config fields {sorted(unknown)} in {path}.")
+        check_fields(cls, values, f"training config {path}")
         return cls(**values)
+
+    def check_paths(self) -> None:
+        """Raises `FileNotFoundError` with the fix when the training data or a local `init_drafter` is missing, so
+        that `longspark train` stops before it loads the target."""
+        for data in (self.train_data, self.eval_data):
+            if data is not None:
+                require_path(data, "Training data", _regenerate_hint(data))
+        if self.init_drafter and not looks_like_hub_id(self.init_drafter):
+            require_path(self.init_drafter, "init_drafter", "point it at a drafter folder saved by `longspark train`.")
 
 
 # --- data -------------------------------------------------------------------------------------------------------
@@ -87,16 +98,24 @@ class Sequence:
     prompt_length: int
 
 
+def _regenerate_hint(path: str | Path) -> str:
+    path = Path(path)
+    output = f"{path.parent} --held-out 40" if path.name in ("train", "held_out") else path  # --held-out's layout
+    return f"create it with `longspark regenerate --prompts gsm8k mmath-en stdlib-code --output {output}`."
+
+
 def load_sequences(path: str | Path, max_seq_len: int) -> list[Sequence]:
     """Reads the JSONL records written by `longspark regenerate` (`prompt_ids`, `response_ids`), sorted by id."""
-    files = sorted(Path(path).glob("*.jsonl")) if Path(path).is_dir() else [Path(path)]
+    path = require_path(path, "Training data", _regenerate_hint(path))
     records = []
-    for file in files:
-        for line in file.read_text().splitlines():
-            if line.strip():
-                records.append(json.loads(line))
+    for file in sorted(path.glob("*.jsonl")) if path.is_dir() else [path]:
+        for number, record in enumerate(read_jsonl(file, "Training data"), 1):
+            if not isinstance(record, dict) or not {"id", "prompt_ids", "response_ids"} <= record.keys():
+                raise ValueError(f"{file}: record {number} lacks 'id', 'prompt_ids' or 'response_ids'; use the "
+                                 f"records of `longspark regenerate`.")  # fmt: skip
+            records.append(record)
     if not records:
-        raise ValueError(f"No records in {path}; create them with `longspark regenerate`.")
+        raise ValueError(f"No records in {path}; {_regenerate_hint(path)}")
     records.sort(key=lambda r: r["id"])
     sequences = []
     for record in records:

@@ -1,0 +1,94 @@
+"""Reading the user's input files with errors that name the file, the line and the fix.
+
+Every problem with an input file is raised as a `FileNotFoundError` (it does not exist) or a `ValueError` (it cannot
+be parsed), which `longspark` reports as one line instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from collections.abc import Mapping
+from difflib import get_close_matches
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+_HUB_ID = re.compile(r"[\w-][\w.-]*(/[\w-][\w.-]*)?")
+
+
+def looks_like_hub_id(name: str | os.PathLike) -> bool:
+    """Whether `name` could be a Hub repository id (`name` or `org/name`) rather than only a local path."""
+    return isinstance(name, str) and _HUB_ID.fullmatch(name) is not None and ".." not in name
+
+
+def require_path(path: str | os.PathLike, what: str, fix: str) -> Path:
+    """`Path(path)`, or a `FileNotFoundError` "<what> <path> does not exist; <fix>"."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{what} {path} does not exist; {fix}")
+    return path
+
+
+def _read_text(path: Path, what: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{what} {path} is not UTF-8 text ({error.reason} at byte {error.start}).") from error
+
+
+def read_yaml(path: str | os.PathLike, what: str = "File") -> Any:
+    """A YAML (or JSON) file's content."""
+    path = require_path(path, what, "check the path.")
+    try:
+        return yaml.safe_load(_read_text(path, what))
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error)
+        raise ValueError(f"{what} {path} is not valid YAML{where}: {problem}. Fix the file.") from None
+
+
+def read_json(path: str | os.PathLike, what: str = "File") -> Any:
+    """A JSON file's content."""
+    path = require_path(path, what, "check the path.")
+    try:
+        return json.loads(_read_text(path, what))
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"{what} {path} is not valid JSON ({error.msg}: line {error.lineno} column {error.colno}). Fix the file."
+        ) from None
+
+
+def read_jsonl(path: str | os.PathLike, what: str = "File") -> list[Any]:
+    """The JSON values of a JSONL file's non-empty lines."""
+    path = require_path(path, what, "check the path.")
+    values = []
+    for number, line in enumerate(_read_text(path, what).splitlines(), 1):
+        if line.strip():
+            try:
+                values.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise ValueError(
+                    f"{path}:{number} is not valid JSON ({error.msg}: column {error.colno}); fix or delete that line."
+                ) from None
+    return values
+
+
+def check_fields(cls: type, values: Mapping[str, Any], where: str) -> None:
+    """Raises `ValueError` when `values` has keys that are not fields of the dataclass `cls` (suggesting the closest
+    field names) or lacks a required one; `where` (e.g. "training config run.yaml") is named in the message."""
+    names = [field.name for field in dataclasses.fields(cls)]
+    unknown = [f"{key!r}" + "".join(f" (did you mean {match!r}?)" for match in get_close_matches(str(key), names, 1))
+               for key in sorted(set(values) - set(names), key=str)]  # fmt: skip
+    if unknown:
+        listed = "" if all("did you mean" in item for item in unknown) else f"; the fields are {', '.join(names)}"
+        raise ValueError(f"Unknown field(s) in the {where}: {', '.join(unknown)}. Rename or remove them{listed}.")
+    no_default = dataclasses.MISSING
+    required = [f.name for f in dataclasses.fields(cls) if f.default is no_default and f.default_factory is no_default]
+    missing = [name for name in required if name not in values]
+    if missing:
+        raise ValueError(f"The {where} lacks the required field(s) {', '.join(missing)}; add them.")

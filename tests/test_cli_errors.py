@@ -1,0 +1,133 @@
+"""`longspark` on bad input: one line `longspark: error: ...` on stderr and exit status 2, never a traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import make_drafter, make_target
+from transformers_longspark import cli
+
+
+@pytest.fixture(autouse=True)
+def quiet(monkeypatch):
+    """No LONGSPARK_DEBUG from the environment, and no progress bars of transformers on stderr."""
+    from transformers.utils import logging as hf_logging
+
+    monkeypatch.delenv("LONGSPARK_DEBUG", raising=False)
+    hf_logging.disable_progress_bar()
+    yield
+    hf_logging.enable_progress_bar()
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    """A tiny target, another tiny target of a different vocabulary, and a drafter for the first one."""
+    root = tmp_path_factory.mktemp("models")
+    target = make_target("qwen3")
+    target.save_pretrained(root / "target")
+    make_target("qwen3", vocab_size=96).save_pretrained(root / "other_target")
+    make_drafter(target).save_pretrained(root / "drafter")
+    return {name: root / name for name in ("target", "other_target", "drafter")}
+
+
+def cli_error(argv: list, capsys) -> str:
+    """Runs `longspark ARGV`, checks the exit status and the one-line stderr, returns that line."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([str(arg) for arg in argv])
+    assert exit_info.value.code == 2
+    stderr = capsys.readouterr().err
+    assert "Traceback" not in stderr
+    lines = stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("longspark: error: "), stderr
+    return lines[0]
+
+
+def write_config(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_missing_data_folder(tmp_path, capsys):
+    config = write_config(tmp_path / "run.yaml", f"output_dir: {tmp_path}/out\ntrain_data: {tmp_path}/data/train\n")
+    line = cli_error(["train", "--config", config], capsys)
+    assert f"Training data {tmp_path}/data/train does not exist" in line
+    assert f"longspark regenerate --prompts gsm8k mmath-en stdlib-code --output {tmp_path}/data --held-out 40" in line
+
+
+def test_unknown_config_field(tmp_path, capsys):
+    config = write_config(tmp_path / "run.yaml", "output_dir: out\ntrain_data: data\nlearning_rat: 0.001\n")
+    line = cli_error(["train", "--config", config], capsys)
+    assert f"Unknown field(s) in the training config {config}: 'learning_rat' (did you mean 'learning_rate'?)" in line
+
+
+def test_missing_and_malformed_config_files(tmp_path, capsys):
+    line = cli_error(["train", "--config", tmp_path / "missing.yaml"], capsys)
+    assert f"Training config {tmp_path}/missing.yaml does not exist" in line
+    config = write_config(tmp_path / "bad.yaml", "output_dir: out\ntrain_data: [data\n")
+    assert "is not valid YAML at line" in cli_error(["train", "--config", config], capsys)
+    config = write_config(tmp_path / "partial.yaml", "output_dir: out\n")
+    assert "lacks the required field(s) train_data" in cli_error(["train", "--config", config], capsys)
+
+
+def test_unreadable_training_corpus(tmp_path, capsys, folders):
+    data = tmp_path / "data"
+    data.mkdir()
+    good = '{"id": 0, "prompt_ids": [1, 2], "response_ids": [3, 4, 5]}'
+    (data / "part-00000.jsonl").write_text(good + '\n{"id": 1, "pro\n')
+    config = write_config(tmp_path / "run.yaml", f"output_dir: {tmp_path}/out\ntrain_data: {data}\n"
+                          f"target: {folders['target']}\nnum_threads: 1\n")  # fmt: skip
+    line = cli_error(["train", "--config", config], capsys)
+    assert f"{data}/part-00000.jsonl:2 is not valid JSON" in line and "fix or delete that line" in line
+
+
+def test_unreadable_prompt_file(tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "Hi"}\n{"prompt": \n')
+    line = cli_error(["regenerate", "--prompts", prompts, "--output", tmp_path / "out"], capsys)
+    assert f"{prompts}:2 is not valid JSON" in line
+    line = cli_error(["regenerate", "--prompts", "gsm8kk", "--output", tmp_path / "out"], capsys)
+    assert "Prompt source gsm8kk is not a builtin" in line
+
+
+def test_drafter_that_does_not_match_the_target(capsys, folders):
+    line = cli_error(["bench", "drafting-cost", "--target", folders["other_target"], "--drafter", folders["drafter"],
+                      "--prefix-lengths", "16", "--rounds", "1", "--num-threads", "1"], capsys)  # fmt: skip
+    drafter, target = folders["drafter"], folders["other_target"]
+    assert f"The LongSpark drafter {drafter} does not match the target model {target}: " in line
+    assert "vocab_size: drafter 64 != target 96" in line and "from_target_config" in line
+
+
+def test_missing_drafter_and_target_folders(tmp_path, capsys, folders):
+    line = cli_error(["bench", "drafting-cost", "--target", folders["target"], "--drafter", tmp_path / "nope"], capsys)
+    assert f"Drafter folder {tmp_path}/nope does not exist" in line
+    line = cli_error(["bench", "verify-cost", "--target", tmp_path / "nope"], capsys)
+    assert f"Target folder {tmp_path}/nope does not exist" in line
+
+
+def test_card_and_push_name_the_missing_input(tmp_path, capsys, folders):
+    line = cli_error(["card", folders["drafter"], "--benchmark", tmp_path / "bench.json"], capsys)
+    assert f"Benchmark report {tmp_path}/bench.json does not exist; write it with `longspark bench --json" in line
+    (tmp_path / "bench.json").write_text("{not json")
+    line = cli_error(["card", folders["drafter"], "--benchmark", tmp_path / "bench.json"], capsys)
+    assert "is not valid JSON" in line
+    line = cli_error(["card", tmp_path, "--benchmark", tmp_path / "bench.json"], capsys)
+    assert "is not a LongSpark drafter folder (no config.json or model.safetensors)" in line
+    assert "Drafter folder" in cli_error(["push", tmp_path / "nope", "org/name"], capsys)
+
+
+def test_debug_shows_the_traceback_and_bugs_keep_theirs(tmp_path, monkeypatch):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        cli.main(["train", "--config", str(tmp_path / "missing.yaml"), "--debug"])
+    monkeypatch.setenv("LONGSPARK_DEBUG", "1")
+    with pytest.raises(FileNotFoundError):
+        cli.main(["train", "--config", str(tmp_path / "missing.yaml")])
+    monkeypatch.delenv("LONGSPARK_DEBUG")
+
+    def bug(*args, **kwargs):
+        raise TypeError("a bug")
+
+    monkeypatch.setattr("transformers_longspark.model_card.write_model_card", bug)
+    with pytest.raises(TypeError, match="a bug"):
+        cli.main(["card", str(tmp_path), "--benchmark", str(tmp_path / "bench.json")])
