@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
@@ -51,7 +51,7 @@ class LongSparkCandidateGenerator(CandidateGenerator):
 
     requires_model_outputs = True
     # Hidden states come from forward hooks that keep only the last B + 1 positions, so nothing is requested here.
-    model_kwargs_overrides: dict[str, Any] = {}
+    model_kwargs_overrides: ClassVar[dict[str, Any]] = {}
 
     def __init__(
         self,
@@ -200,7 +200,7 @@ def _assisted_decoding(self, input_ids, *args, assistant_model=None, **kwargs):
 
 
 def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs) -> None:
-    # Our own checks come first, so that a mismatched drafter gets LongSpark's error and not the different-tokenizer one.
+    # Our own checks come first, so that a mismatched drafter gets LongSpark's error, not the different-tokenizer one.
     drafter = generation_mode_kwargs.get("assistant_model")
     if isinstance(drafter, LongSparkDrafterModel):
         check_target_compatible(drafter.config, self)

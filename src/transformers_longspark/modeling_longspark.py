@@ -11,6 +11,7 @@ target's LM head gathered once per `bind_target`); `to_target_vocab` puts such l
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 from dataclasses import dataclass
@@ -27,7 +28,6 @@ from transformers.utils import ModelOutput
 from .configuration_longspark import LongSparkConfig
 from .context_state import DraftContext
 from .targets import TargetModules, target_modules
-
 
 # Default `assistant_confidence_threshold` of new drafters (0 always proposes whole blocks). On the shipped SmolLM2
 # drafter, 0.3 keeps 99.6% of tau on chat and all of it on long code while proposing 2.6-3.1 tokens per round instead
@@ -219,7 +219,8 @@ class LongSparkDrafterModel(LongSparkPreTrainedModel):
         if self.config.draft_vocab_size is None:
             return token_ids
         index = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=token_ids.device)
-        index[self.draft_vocab.to(token_ids.device)] = torch.arange(self.config.draft_vocab_size, device=token_ids.device)
+        columns = torch.arange(self.config.draft_vocab_size, device=token_ids.device)
+        index[self.draft_vocab.to(token_ids.device)] = columns
         return index[token_ids]
 
     @property
@@ -312,10 +313,8 @@ class LongSparkDrafterModel(LongSparkPreTrainedModel):
                 f"The checkpoint at {pretrained_model_name_or_path} does not match LongSparkDrafterModel ({details}). "
                 "Save drafters with `save_pretrained`, which writes exactly the drafter's own tensors."
             )
-        try:
+        with contextlib.suppress(OSError):  # saved before drafters kept a generation config: the defaults apply
             model.generation_config = GenerationConfig.from_pretrained(pretrained_model_name_or_path)
-        except OSError:  # saved before drafters kept a generation config: the defaults apply
-            pass
         return model
 
 

@@ -31,8 +31,10 @@ from .models import make_full_prefix_drafter
 from .prompts import chat_prompt_ids
 
 MODES = ("greedy", "sampled")
-METHODS = ("plain", "prompt_lookup", "prompt_lookup_fast", "longspark", "longspark_whole_blocks", "longspark_stock_verify",
-           "full_prefix")  # fmt: skip
+METHODS = (
+    "plain", "prompt_lookup", "prompt_lookup_fast", "longspark", "longspark_whole_blocks", "longspark_stock_verify",
+    "full_prefix",
+)  # fmt: skip
 METHOD_LABELS = {
     "plain": "plain generate",
     "prompt_lookup": "prompt lookup",
