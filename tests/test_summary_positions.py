@@ -77,7 +77,8 @@ def test_invalid_summary_key_positions_and_overrides_of_a_saved_drafter(tmp_path
         LongSparkConfig(summary_key_positions="absolute")
     target = make_target("llama")
     make_drafter(target).save_pretrained(tmp_path / "drafter")
-    config = TrainingConfig(output_dir=str(tmp_path / "run"), train_data="unused", init_drafter=str(tmp_path / "drafter"),
+    config = TrainingConfig(output_dir=str(tmp_path / "run"), train_data="unused",
+                            init_drafter=str(tmp_path / "drafter"),
                             drafter={"summary_key_positions": "block_start"})  # fmt: skip
     assert build_drafter(config, target, []).config.summary_key_positions == "block_start"
     config.drafter = {"summary_key_positions": "rotated"}

@@ -7,16 +7,15 @@ import torch
 from transformers import GenerationConfig
 
 from conftest import make_bigram_target, make_drafter, make_target
-from transformers_longspark.generation import LongSparkCandidateGenerator
-from transformers_longspark.training import (
+from transformers_longspark.distillation import (
     Sequence,
-    Trainer,
-    TrainingConfig,
     draft_loss,
     load_sequences,
     sequence_loss,
     teacher_forced_batch,
 )
+from transformers_longspark.generation import LongSparkCandidateGenerator
+from transformers_longspark.training import Trainer, TrainingConfig
 
 
 def direct_loss(logits, target_logits, labels, valid, lam=0.1, decay=4.0):
@@ -61,10 +60,11 @@ def test_loss_with_a_draft_vocabulary_is_the_full_vocabulary_loss_with_q_zero_ou
     torch.testing.assert_close(loss, direct_loss(full_logits, target_logits, labels, valid))
 
 
-@pytest.mark.parametrize("overrides", [{}, {"use_global_summary": False}, {"use_recent_window": False},
-                                       {"use_boundary_state": False}, {"full_prefix_context": True},
-                                       {"summary_key_positions": "block_start"},
-                                       {"summary_key_positions": "block_start", "use_recent_window": False}])  # fmt: skip
+@pytest.mark.parametrize("overrides", [
+    {}, {"use_global_summary": False}, {"use_recent_window": False}, {"use_boundary_state": False},
+    {"full_prefix_context": True}, {"summary_key_positions": "block_start"},
+    {"summary_key_positions": "block_start", "use_recent_window": False},
+])  # fmt: skip
 def test_training_views_and_logits_equal_inference(target_kind, overrides):
     """For each anchor t, the generator's inference context after the target cached x[:t] gives the same drafter
     logits as the batched teacher-forced context, for the full model and every ablation."""
@@ -85,9 +85,11 @@ def test_training_views_and_logits_equal_inference(target_kind, overrides):
         with torch.no_grad():
             target(ids[None, :t], cache=cache)
         context = generator.update_context(cache, t, n_last_matches=0)
-        torch.testing.assert_close(context.boundary_states, batch.context.boundary_states[a : a + 1], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(context.boundary_states, batch.context.boundary_states[a : a + 1],
+                                   rtol=1e-5, atol=1e-5)  # fmt: skip
         for j in range(len(context.summary_values)):
-            torch.testing.assert_close(context.summary_values[j], batch.context.summary_values[j][a : a + 1], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(context.summary_values[j], batch.context.summary_values[j][a : a + 1],
+                                       rtol=1e-5, atol=1e-5)  # fmt: skip
         with torch.no_grad():
             single = drafter(batch.block_ids[a : a + 1], context, batch.previous_ids[a : a + 1]).logits
         torch.testing.assert_close(single, batched[a : a + 1], rtol=1e-4, atol=1e-4)
@@ -185,12 +187,14 @@ def test_model_card_from_a_benchmark_report(tmp_path):
     config_path = tmp_path / "train.yaml"
     config_path.write_text("output_dir: out\ntrain_data: data\nlearning_rate: 0.001\n")
     log = tmp_path / "log.jsonl"
-    log.write_text('{"step": 1, "sequences": 4, "loss": 3.0}\n{"step": 2, "sequences": 8, "loss": 2.0, "eval_loss": 2.5, "eval_tau": 1.25}\n')
+    log.write_text('{"step": 1, "sequences": 4, "loss": 3.0}\n'
+                   '{"step": 2, "sequences": 8, "loss": 2.0, "eval_loss": 2.5, "eval_tau": 1.25}\n')  # fmt: skip
     card = write_model_card(tmp_path / "drafter", tmp_path / "bench.json", config_path, training_log=log,
                             tokens_per_sequence=100).read_text()  # fmt: skip
     assert "| 2 | 8 | 800 | 2.500 | 1.25 |" in card
     metadata = card.split("---")[1]
-    for field in ("base_model:", "library_name: transformers", "pipeline_tag: text-generation", "license:", "speculative-decoding"):
+    for field in ("base_model:", "library_name: transformers", "pipeline_tag: text-generation", "license:",
+                  "speculative-decoding"):  # fmt: skip
         assert field in metadata
     assert "| 3.25 | 20.0 | 1.60x | yes |" in card and "longspark bench --json bench.json" in card
     assert f"{sum(p.numel() for p in drafter.parameters()):,} parameters" in card
@@ -203,7 +207,7 @@ def test_model_card_from_a_benchmark_report(tmp_path):
     assert "| 1 | 2 | 8 | 800 | 2.500 | 1.25 |" in card and "| 2 | 3 | 20 | 2,034 | 1.500 | 2.50 |" in card
     assert "in 2 stages" in card and "Stage 2, `longspark train --config train.yaml`" in card
     (tmp_path / "drafter" / "README.md").unlink()
-    with pytest.raises(ValueError, match="README.md"):
+    with pytest.raises(ValueError, match=r"README\.md"):
         push_drafter(tmp_path / "drafter", "org/name")
 
 

@@ -39,7 +39,7 @@ def short_prompts(
     assistant turn, chat-templated); without them, holds out 40 prompts of each builtin source (gsm8k, mmath-en,
     stdlib-code) exactly as ``longspark regenerate --held-out 40 --seed 0`` does.
     """
-    from ..data import builtin_prompt_source, interleave, normalize_record, split_prompts
+    from ..prompt_sources import builtin_prompt_source, interleave, normalize_record, split_prompts
 
     by_source: dict[str, list[dict[str, Any]]] = {}
     held_out = Path(held_out_dir) if held_out_dir is not None else None

@@ -1,0 +1,192 @@
+"""One training example and the distillation loss (SPEC section 4).
+
+A training example is one regenerated chat (`Sequence`: the chat-templated prompt followed by the target's own
+response, as `longspark regenerate` writes it) and a sample of anchors `t` in its response; each anchor's block
+is `[a = ids[t], MASK, ...]`, labelled with the true continuation `ids[t + 1 + i]`.
+
+For each sequence, ONE target forward gives every anchor's context: the selected layers' hidden states (boundary
+states), their K/V rows (recent windows, and the global summaries through one causal prefix attention of the
+summary queries) and the final hidden states (the target distributions `p_i`). The drafter then runs the same
+forward as at inference on all anchors at once, with the Markov correction fed the true predecessors, and the loss
+`L_i = w_i [lam * CE + (1 - lam) * ||p_i - q_i||_1]`, `w_i = exp(-(i - 1) / decay)`, is normalised by the weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from .configuration_longspark import LongSparkConfig
+from .context_state import DraftContext, prefix_summaries
+from .files import read_jsonl, require_path
+from .modeling_longspark import LongSparkDrafterModel
+from .targets import HiddenStateCapture, TargetModules, target_modules
+
+if TYPE_CHECKING:
+    from .training import TrainingConfig
+
+
+# --- data -------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Sequence:
+    """One regenerated chat: `ids` = templated prompt + target response; anchors lie in the response."""
+
+    ids: torch.LongTensor
+    prompt_length: int
+
+
+def regenerate_hint(path: str | Path) -> str:
+    """How to create the missing training data `path` (the end of an error message)."""
+    path = Path(path)
+    output = f"{path.parent} --held-out 40" if path.name in ("train", "held_out") else path  # --held-out's layout
+    return f"create it with `longspark regenerate --prompts gsm8k mmath-en stdlib-code --output {output}`."
+
+
+def load_sequences(path: str | Path, max_seq_len: int) -> list[Sequence]:
+    """Reads the JSONL records written by `longspark regenerate` (`prompt_ids`, `response_ids`), sorted by id."""
+    path = require_path(path, "Training data", regenerate_hint(path))
+    records = []
+    for file in sorted(path.glob("*.jsonl")) if path.is_dir() else [path]:
+        for number, record in enumerate(read_jsonl(file, "Training data"), 1):
+            if not isinstance(record, dict) or not {"id", "prompt_ids", "response_ids"} <= record.keys():
+                raise ValueError(f"{file}: record {number} lacks 'id', 'prompt_ids' or 'response_ids'; use the "
+                                 f"records of `longspark regenerate`.")  # fmt: skip
+            records.append(record)
+    if not records:
+        raise ValueError(f"No records in {path}; {regenerate_hint(path)}")
+    records.sort(key=lambda r: r["id"])
+    sequences = []
+    for record in records:
+        ids = (record["prompt_ids"] + record["response_ids"])[:max_seq_len]
+        if len(ids) - len(record["prompt_ids"]) >= 2:
+            sequences.append(Sequence(torch.tensor(ids), len(record["prompt_ids"])))
+    return sequences
+
+
+def sample_anchors(sequence: Sequence, max_anchors: int, generator: torch.Generator) -> torch.LongTensor:
+    """Up to `max_anchors` distinct anchors `t` (cached rows) with `a = ids[t]` in the response, sorted."""
+    low, high = sequence.prompt_length, len(sequence.ids) - 1  # t in [prompt_length, T - 2]
+    candidates = torch.arange(low, high)
+    if len(candidates) > max_anchors:
+        candidates = candidates[torch.randperm(len(candidates), generator=generator)[:max_anchors]].sort().values
+    return candidates
+
+
+# --- teacher-forced views and the loss ------------------------------------------------------------------------
+
+
+@dataclass
+class TeacherForcedBatch:
+    """Everything one drafter forward and the loss need, for `A` anchors of one sequence."""
+
+    block_ids: torch.LongTensor  # (A, B): [a, MASK, ...]
+    previous_ids: torch.LongTensor  # (A, B): true predecessor of each draft token
+    labels: torch.LongTensor  # (A, B): drafter-logit column of x[t+1+i]; -1 when the drafter cannot propose it
+    valid: torch.BoolTensor  # (A, B): label exists
+    target_probs: torch.Tensor  # (A, B, V'): teacher-forced p_i of the tokens the drafter scores
+    context: DraftContext
+
+
+@torch.no_grad()
+def _target_pass(target, modules: TargetModules, config: LongSparkConfig, ids: torch.LongTensor):
+    """One forward of the frozen target: selected hidden states, selected K/V rows, final normed hidden states."""
+    from transformers import DynamicCache
+
+    capture = HiddenStateCapture(modules.layers, config.target_layer_ids, keep=None)
+    cache = DynamicCache(config=target.config)
+    try:
+        final_hidden = target.get_decoder()(input_ids=ids[None], cache=cache, use_cache=True).last_hidden_state
+    finally:
+        capture.remove()
+    kv = [(cache.layers[i].keys, cache.layers[i].values) for i in config.target_layer_ids]
+    return capture.states, kv, final_hidden[0]
+
+
+def teacher_forced_batch(
+    target, drafter: LongSparkDrafterModel, sequence: Sequence, anchors: torch.LongTensor
+) -> TeacherForcedBatch:
+    """Builds the anchors' context views from one target pass, exactly as inference would see them."""
+    config = drafter.config
+    ids = sequence.ids.to(drafter.device)
+    anchors = anchors.to(ids.device)
+    modules = target_modules(target)
+    hidden, kv, final_hidden = _target_pass(target, modules, config, ids)
+    num_rows = ids.shape[0]
+    steps = torch.arange(config.block_size, device=ids.device)
+
+    label_positions = anchors[:, None] + 1 + steps  # x[t+1+i], i = 0..B-1
+    valid = label_positions < num_rows
+    label_positions = label_positions.clamp(max=num_rows - 1)
+    previous_ids = ids[label_positions - 1]
+    block_ids = torch.full_like(previous_ids, config.mask_token_id)
+    block_ids[:, 0] = ids[anchors]
+    labels = drafter.draft_indices(ids[label_positions])
+    # Anchors' blocks overlap, so the target distributions are computed once per distinct position.
+    positions, inverse = torch.unique(label_positions - 1, return_inverse=True)
+    with torch.no_grad():
+        log_p = modules.lm_head(final_hidden[positions]).float().log_softmax(dim=-1)
+        if config.draft_vocab_size is not None:
+            log_p = log_p[:, drafter.draft_vocab.to(log_p.device)]
+        target_probs = log_p.exp()[inverse]
+
+    boundary = torch.cat([h[0, anchors - 1] for h in hidden], dim=-1)
+    window_keys, window_values, window_mask = [], [], None
+    use_window = config.use_recent_window or config.full_prefix_context
+    if use_window:
+        width = int(anchors.max()) if config.full_prefix_context else config.window_size
+        rows = anchors[:, None] - width + torch.arange(width, device=ids.device)  # (A, width), right-aligned
+        window_mask = rows >= 0
+        rows = rows.clamp(min=0)
+        for keys, values in kv:
+            window_keys.append(keys[0][:, rows].transpose(0, 1))  # (A, kv_heads, width, d)
+            window_values.append(values[0][:, rows].transpose(0, 1))
+    summary_values = []
+    if config.use_global_summary and not config.full_prefix_context:
+        for j, (keys, values) in enumerate(kv):
+            summary_values.append(prefix_summaries(drafter.summary_queries[j], keys, values, anchors))
+    context = DraftContext(boundary, window_keys, window_values, window_mask, summary_values, anchors)
+    return TeacherForcedBatch(block_ids, previous_ids, labels, valid, target_probs, context)
+
+
+def draft_loss(
+    logits: torch.Tensor,
+    target_probs: torch.Tensor,
+    labels: torch.LongTensor,
+    valid: torch.BoolTensor,
+    ce_weight: float = 0.1,
+    position_decay: float = 4.0,
+) -> torch.Tensor:
+    """`sum_i w_i [lam * -log q_i(x) + (1 - lam) * ||p_i - q_i||_1] / sum_i w_i` over valid positions.
+
+    With a draft vocabulary, `q_i` is 0 outside it: those tokens add their target mass `1 - sum(target_probs)` to
+    the L1 distance, and a label outside it (`-1`) adds no cross-entropy term (its `-log q` is infinite).
+
+    Args:
+        logits: `(A, B, V')` drafter logits. target_probs: `(A, B, V')` target probabilities of the same tokens.
+        labels: `(A, B)` column of the true token in `logits`, or `-1`. valid: `(A, B)`, False past the sequence.
+    """
+    log_q = F.log_softmax(logits.float(), dim=-1)
+    nll = -log_q.gather(-1, labels.clamp(min=0)[..., None])[..., 0] * (labels >= 0)
+    unreachable_mass = (1.0 - target_probs.sum(-1)).clamp(min=0.0)
+    l1 = (target_probs - log_q.exp()).abs().sum(-1) + unreachable_mass
+    positions = torch.arange(labels.shape[1], device=labels.device, dtype=torch.float32)
+    weights = torch.exp(-positions / position_decay)[None].expand_as(nll) * valid
+    per_position = ce_weight * nll + (1.0 - ce_weight) * l1
+    return (weights * per_position).sum() / weights.sum()
+
+
+def sequence_loss(target, drafter, sequence: Sequence, anchors: torch.LongTensor, config: TrainingConfig):
+    model = drafter.module if hasattr(drafter, "module") else drafter
+    batch = teacher_forced_batch(target, model, sequence, anchors)
+    logits = drafter(batch.block_ids, batch.context, batch.previous_ids).logits
+    return draft_loss(logits, batch.target_probs, batch.labels, batch.valid, config.ce_weight, config.position_decay)
+
+
+__all__ = ["Sequence", "load_sequences", "sample_anchors", "TeacherForcedBatch", "teacher_forced_batch",
+           "draft_loss", "sequence_loss"]
