@@ -248,6 +248,11 @@ def summarize_runs(runs: Sequence[Mapping[str, Any]], method: str) -> dict[str, 
         verify = sum(run["verify_seconds"] for run in runs)
         summary["verify_ms_per_round"] = 1000.0 * verify / verify_rounds if verify_rounds > 0 else None
         summary["prefill_ms"] = 1000.0 * sum(run["prefill_seconds"] for run in runs) / len(runs) if runs else None
+        # Decoding alone: the tokens after the prefill's first one, over the time after the prefill (which every
+        # method spends alike, and which dominates long prompts).
+        decode_seconds = seconds - sum(run["prefill_seconds"] for run in runs)
+        decode_tokens = tokens - sum(1 for run in runs if run["new_tokens"] > 0)
+        summary["decode_tokens_per_s"] = decode_tokens / decode_seconds if decode_seconds > 0 else None
     if any("proposal_seconds" in run for run in runs):
         summary["drafted_tokens"] = sum(run.get("drafted_tokens", 0) for run in runs)
         proposal = sum(run.get("proposal_seconds", 0.0) for run in runs)
@@ -261,6 +266,14 @@ def summarize_runs(runs: Sequence[Mapping[str, Any]], method: str) -> dict[str, 
         summary["greedy_identical"] = all(identical)
         summary["greedy_identical_prompts"] = sum(identical)
     return summary
+
+
+def add_speedups(summaries: Mapping[str, dict[str, Any]]) -> None:
+    """`speedup` (end to end) and `decode_speedup` (after the prefill) of each method over plain `generate`."""
+    for field, rate in (("speedup", "tokens_per_s"), ("decode_speedup", "decode_tokens_per_s")):
+        plain = summaries["plain"].get(rate)
+        for summary in summaries.values():
+            summary[field] = summary[rate] / plain if plain and summary.get(rate) else None
 
 
 def _methods_per_mode(modes: Sequence[str], methods: Mapping[str, Sequence[str]] | Sequence[str] | None):
@@ -377,10 +390,8 @@ def run_speed_benchmark(
                     for method in names:
                         runs[method][-1]["identical_to_plain"] = runs[method][-1]["new_ids"] == reference
             summaries = {method: summarize_runs(runs[method], method) for method in names}
-            plain = summaries["plain"]["tokens_per_s"]
-            for summary in summaries.values():
-                summary["speedup"] = summary["tokens_per_s"] / plain if plain and summary["tokens_per_s"] else None
-                rows.append({"workload": workload, "mode": mode, **summary})
+            add_speedups(summaries)
+            rows += [{"workload": workload, "mode": mode, **summary} for summary in summaries.values()]
             for method_runs in runs.values():
                 for run in method_runs:
                     run.pop("new_ids")
