@@ -4,7 +4,8 @@ Routing: transformers picks a candidate generator in `GenerationMixin._get_candi
 registry for third-party drafters. `import transformers_longspark` wraps that method (and the assistant checks
 of `_validate_generation_mode`) once: when `assistant_model` is a `LongSparkDrafterModel` the wrapper returns a
 `LongSparkCandidateGenerator`, and for every other assistant and mode it calls the original unchanged. Assisted
-decoding itself (verification, acceptance, cache cropping, streamers, outputs) is transformers' own loop.
+decoding itself (verification, acceptance, cache cropping, streamers, outputs) is transformers' own loop; with a
+LongSpark drafter it runs inside `verification.fast_verification` (`_assisted_decoding` is wrapped for that).
 """
 
 from __future__ import annotations
@@ -166,7 +167,7 @@ class LongSparkCandidateGenerator(CandidateGenerator):
                 logits = self.logits_processor(torch.cat([input_ids, *drafted_ids], dim=1), logits)
             probs = torch.softmax(logits, dim=-1)
             token = torch.multinomial(probs, num_samples=1) if self.do_sample else probs.argmax(dim=-1, keepdim=True)
-            if i > 0 and float(probs.gather(-1, token)) < self.confidence_threshold:
+            if i > 0 and self.confidence_threshold > 0 and float(probs.gather(-1, token)) < self.confidence_threshold:
                 break
             drafted_ids.append(token)
             drafted_logits.append(logits)

@@ -20,7 +20,17 @@ shapes, built directly on `--device` in `--dtype`: see `scripts/gpu_benchmarks.s
 """
 
 from .cli import add_bench_arguments, main, run_bench
-from .common import Timings, machine_info, measure, prefill, synchronize, timed_call, write_json
+from .common import (
+    Timings,
+    count_forward_calls,
+    machine_info,
+    measure,
+    prefill,
+    synchronize,
+    time_forward_calls,
+    timed_call,
+    write_json,
+)
 from .drafting_cost import (
     DEFAULT_PREFIX_LENGTHS,
     DEFAULT_SYNTHETIC_PREFIX_LENGTHS,
@@ -60,11 +70,10 @@ from .speed import (
     METHODS,
     MODES,
     accepted_length,
-    count_forward_calls,
+    add_speedups,
     new_tokens_from_round_log,
     run_speed_benchmark,
     summarize_runs,
-    time_forward_calls,
 )
 from .verify_cost import DEFAULT_NUM_TOKENS, DEFAULT_VERIFY_PREFIX_LENGTHS, reserved_copy, run_verify_cost
 
@@ -84,6 +93,7 @@ __all__ = [
     "SelectedLayersCache",
     "Timings",
     "accepted_length",
+    "add_speedups",
     "add_bench_arguments",
     "build_random_drafter",
     "build_synthetic_target",

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,47 @@ def measure(
     return timings
 
 
+@contextlib.contextmanager
+def time_forward_calls(model: torch.nn.Module, device: str | torch.device = "cpu") -> Iterator[list[float]]:
+    """Seconds of each call of `model`'s forward (a list, appended in place) while the context is open.
+
+    The device is synchronized around each call, as assisted decoding does anyway when it reads the verified tokens.
+    """
+    seconds: list[float] = []
+    start = [0.0]
+
+    def before(module, args, kwargs):
+        synchronize(device)
+        start[0] = time.perf_counter()
+
+    def after(module, args, kwargs, output):
+        synchronize(device)
+        seconds.append(time.perf_counter() - start[0])
+
+    handles = [model.register_forward_pre_hook(before, with_kwargs=True),
+               model.register_forward_hook(after, with_kwargs=True)]  # fmt: skip
+    try:
+        yield seconds
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextlib.contextmanager
+def count_forward_calls(model: torch.nn.Module) -> Iterator[list[int]]:
+    """Counts calls of `model`'s forward (a one-element list, updated in place) while the context is open."""
+    counter = [0]
+
+    def hook(module, args, output):
+        counter[0] += 1
+
+    handle = model.register_forward_hook(hook)
+    try:
+        yield counter
+    finally:
+        handle.remove()
+
+
 def prefill(target: torch.nn.Module, input_ids: torch.Tensor, chunk: int = 2048, cache: Cache | None = None) -> Cache:
     """Fills `cache` (default a fresh `DynamicCache`) with `input_ids` `(1, t)`, `chunk` tokens per target forward,
     which bounds the prefill's activation memory. Returns the cache."""
@@ -137,4 +179,7 @@ def format_length(tokens: int) -> str:
     return f"{tokens // 1024}K" if tokens % 1024 == 0 else str(tokens)
 
 
-__all__ = ["Timings", "format_length", "machine_info", "measure", "prefill", "synchronize", "timed_call", "write_json"]
+__all__ = [
+    "Timings", "count_forward_calls", "format_length", "machine_info", "measure", "prefill", "synchronize",
+    "time_forward_calls", "timed_call", "write_json",
+]  # fmt: skip
