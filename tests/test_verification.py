@@ -162,9 +162,13 @@ def test_fast_verification_restores_the_model_and_keeps_other_attention_implemen
 
 
 def test_prompt_lookup_opts_in_and_stays_exact():
+    """The README's opt-in for other modes: attention switched and cache rows reserved, outputs unchanged."""
     target = make_target("llama")
     prompt = torch.randint(0, 8, (1, 40), generator=torch.Generator().manual_seed(0))  # repetitive: lookups hit
     plain = target.generate(prompt, max_new_tokens=20, do_sample=False)
-    with fast_verification(target):
-        lookup = target.generate(prompt, max_new_tokens=20, do_sample=False, prompt_lookup_num_tokens=5)
+    cache = DynamicCache(config=target.config)
+    with fast_verification(target, cache, max_length=prompt.shape[1] + 20 + 5 + 1):
+        lookup = target.generate(prompt, max_new_tokens=20, do_sample=False, prompt_lookup_num_tokens=5, cache=cache)
     assert torch.equal(plain, lookup)
+    assert all(isinstance(layer, ReservedDynamicLayer) for layer in cache.layers)
+    assert cache.layers[0].capacity == prompt.shape[1] + 26  # the reserve was enough: never reallocated
