@@ -223,10 +223,12 @@ def test_plot_is_written(cost_result, tmp_path):
     assert path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_full_prefix_drafter_shares_the_weights():
+def test_full_prefix_drafter_shares_the_weights_and_the_confidence_threshold():
     target = make_target("qwen3")
     drafter = make_drafter(target)
+    drafter.generation_config.assistant_confidence_threshold = 0.125
     baseline = make_full_prefix_drafter(drafter)
+    assert baseline.generation_config.assistant_confidence_threshold == 0.125
     assert baseline.config.full_prefix_context and not drafter.config.full_prefix_context
     for (name, a), (_, b) in zip(drafter.state_dict().items(), baseline.state_dict().items(), strict=True):
         assert torch.equal(a, b), name

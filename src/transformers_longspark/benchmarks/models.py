@@ -42,6 +42,7 @@ def make_full_prefix_drafter(drafter: LongSparkDrafterModel) -> LongSparkDrafter
     config.full_prefix_context = True
     baseline = LongSparkDrafterModel(config)
     baseline.load_state_dict(drafter.state_dict())
+    baseline.generation_config = copy.deepcopy(drafter.generation_config)  # the same confidence threshold
     parameter = next(drafter.parameters())
     return baseline.to(device=parameter.device, dtype=parameter.dtype).eval()
 
