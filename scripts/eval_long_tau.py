@@ -1,9 +1,9 @@
 """Held-out accepted length tau of LongSpark drafters on long code prefixes (SmolLM2 target, greedy).
 
-For each held-out file (records of `scripts/prepare_long_code.py`, in id order, the first `--num-files` that hold at
-least the longest prefix plus the new tokens) and each prefix length, the target is prefilled ONCE over the prefix,
-and every drafter then runs `target.generate(prefix, cache=<copy of that cache>, assistant_model=drafter,
-max_new_tokens=N)` greedily. Every drafter sees the same files at every length.
+For each held-out file (`load_files`: the first `--num-files` that hold at least the longest prefix plus the new
+tokens, round-robin over the languages of `scripts/prepare_corpora.py`'s code corpus) and each prefix length, the
+target is prefilled ONCE over the prefix, and every drafter then runs `target.generate(prefix, cache=<copy of that
+cache>, assistant_model=drafter, max_new_tokens=N)` greedily. Every drafter sees the same files at every length.
 
 `tau = sum(new tokens - 1) / sum(verification rounds)` over the files, per drafter and prefix length; the JSON also
 holds per-file counts and whether all drafters produced the same tokens (greedy decoding is lossless, so they must).
@@ -23,15 +23,27 @@ from pathlib import Path
 import torch
 
 
-def load_files(path: str, min_tokens: int, num_files: int, ids: list[str] | None = None) -> list[dict]:
-    """The first `num_files` records (by id; only those in `ids` when given) with at least `min_tokens` tokens:
-    `{"id", "ids"}`."""
+def load_files(path: str, min_tokens: int, num_files: int, ids: list[str] | None = None, tokenizer=None) -> list[dict]:
+    """`num_files` held-out files with at least `min_tokens` tokens (only those in `ids` when given): `{"id", "ids"}`.
+
+    Reads the text corpora of `scripts/prepare_corpora.py` (`{"id", "text"}`, ids `<language>/...`: the files are
+    taken round-robin over the languages, each language's in id order) or the token records of
+    `scripts/prepare_long_code.py` (in id order)."""
     records = []
     for file in sorted(Path(path).glob("*.jsonl")):
         records += [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
     records.sort(key=lambda r: r["id"])
-    files = [{"id": r["id"], "ids": r["prompt_ids"] + r["response_ids"]} for r in records]
-    files = [f for f in files if len(f["ids"]) >= min_tokens and (ids is None or f["id"] in ids)][:num_files]
+    by_language: dict[str, list[dict]] = {}
+    for r in records:
+        if (ids is not None and r["id"] not in ids) or ("text" in r and len(r["text"]) < 2 * min_tokens):
+            continue  # ~3-4 characters per code token: too short to tokenize
+        tokens = tokenizer(r["text"], add_special_tokens=False)["input_ids"] if "text" in r else (
+            r["prompt_ids"] + r["response_ids"])  # fmt: skip
+        language = r["id"].split("/")[0] if "text" in r else ""
+        if len(tokens) >= min_tokens:
+            by_language.setdefault(language, []).append({"id": r["id"], "ids": tokens})
+    longest = max((len(f) for f in by_language.values()), default=0)
+    files = [f[i] for i in range(longest) for f in by_language.values() if i < len(f)][:num_files]
     if len(files) < num_files:
         raise ValueError(f"Only {len(files)} files in {path} hold {min_tokens} tokens; {num_files} were asked for.")
     return files
@@ -114,7 +126,7 @@ def evaluate(target, drafters: dict, files: list[dict], lengths: list[int], new_
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--drafter", action="append", required=True, help="NAME=FOLDER, repeatable")
-    parser.add_argument("--data", default="data/long_code/held_out")
+    parser.add_argument("--data", default="data/corpora/code/held_out", help="held-out code corpus")
     parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 8000])
     parser.add_argument("--num-files", type=int, default=4)
     parser.add_argument("--file-ids", nargs="+", help="evaluate only these held-out files (record ids)")
@@ -129,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     from transformers_longspark import LongSparkDrafterModel
     from transformers_longspark.loading import load_target
 
-    target, _ = load_target("smollm2")
+    target, tokenizer = load_target("smollm2")
     if max(args.lengths) + args.new_tokens + 8 > target.config.max_position_embeddings:
         raise ValueError(f"Prefix + new tokens exceed the target's {target.config.max_position_embeddings} positions.")
     drafters = {}
@@ -143,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
         if getattr(drafter, "generation_config", None) is not None:
             drafter.generation_config.assistant_confidence_threshold = 0.0
         drafters[name] = drafter
-    files = load_files(args.data, max(args.lengths) + args.new_tokens, args.num_files, args.file_ids)
+    files = load_files(args.data, max(args.lengths) + args.new_tokens, args.num_files, args.file_ids, tokenizer)
     resume_from_prefilled_cache(target)
     if args.check:
         check_prefilled_start(target, next(iter(drafters.values())), files[0]["ids"][: args.check], args.new_tokens)

@@ -17,10 +17,11 @@ Outputs `OUTPUT/train/part-00000.jsonl` and `OUTPUT/held_out/part-00000.jsonl`; 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 from pathlib import Path
+
+from transformers_longspark.corpora import is_held_out
 
 
 def stdlib_root() -> Path:
@@ -39,12 +40,6 @@ def stdlib_files(min_bytes: int) -> list[Path]:
         if path.stat().st_size >= min_bytes:
             files.append(path)
     return files
-
-
-def is_held_out(relative_path: str, held_out_percent: float) -> bool:
-    """Deterministic split by file: the first 8 hex digits of sha256(path) as a fraction of 2^32."""
-    bucket = int(hashlib.sha256(relative_path.encode()).hexdigest()[:8], 16) / 2**32
-    return bucket < held_out_percent / 100
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -40,7 +40,7 @@ def _run_train(args: argparse.Namespace) -> None:
 
 def _add_card_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("drafter_dir", type=Path, help="folder with the drafter's config.json and model.safetensors")
-    parser.add_argument("--benchmark", required=True, type=Path, help="JSON report of `longspark bench`")
+    parser.add_argument("--benchmark", required=True, type=Path, nargs="+", help="JSON report(s) of `longspark bench`")
     parser.add_argument("--training-config", type=Path, nargs="+",
                         help="the training config(s) the drafter was trained with, one per stage")
     parser.add_argument("--base-model", default="HuggingFaceTB/SmolLM2-135M-Instruct", help="Hub id of the target")

@@ -35,10 +35,22 @@ if TYPE_CHECKING:
 
 @dataclass
 class Sequence:
-    """One regenerated chat: `ids` = templated prompt + target response; anchors lie in the response."""
+    """One training sequence: a regenerated chat (`ids` = templated prompt + target response, anchors in the
+    response) or packed text (`corpora.pack_documents`: anchors everywhere).
+
+    `prompt_length` tokens are the prompt that held-out tau measurement continues; anchors `t` start at
+    `anchor_start` (default: `prompt_length`, the response).
+    """
 
     ids: torch.LongTensor
     prompt_length: int
+    anchor_start: int | None = None
+
+    def __post_init__(self):
+        if self.anchor_start is None:
+            self.anchor_start = self.prompt_length
+        if self.anchor_start < 1:
+            raise ValueError("A sequence's first anchor needs a predecessor (its boundary state): anchor_start >= 1.")
 
 
 def regenerate_hint(path: str | Path) -> str:
@@ -70,8 +82,8 @@ def load_sequences(path: str | Path, max_seq_len: int) -> list[Sequence]:
 
 
 def sample_anchors(sequence: Sequence, max_anchors: int, generator: torch.Generator) -> torch.LongTensor:
-    """Up to `max_anchors` distinct anchors `t` (cached rows) with `a = ids[t]` in the response, sorted."""
-    low, high = sequence.prompt_length, len(sequence.ids) - 1  # t in [prompt_length, T - 2]
+    """Up to `max_anchors` distinct anchors `t` (cached rows), `anchor_start <= t <= T - 2`, sorted."""
+    low, high = sequence.anchor_start, len(sequence.ids) - 1
     candidates = torch.arange(low, high)
     if len(candidates) > max_anchors:
         candidates = candidates[torch.randperm(len(candidates), generator=generator)[:max_anchors]].sort().values

@@ -192,17 +192,23 @@ class LongSparkDrafterModel(LongSparkPreTrainedModel):
             self._bind_output_head()
 
     def with_draft_vocab(self, token_ids: torch.LongTensor) -> LongSparkDrafterModel:
-        """A copy of this full-vocabulary drafter that proposes only `token_ids` (its Markov rows are sliced)."""
-        if self.config.draft_vocab_size is not None:
-            raise ValueError("This drafter already has a draft vocabulary.")
-        token_ids = torch.as_tensor(token_ids, dtype=torch.long).flatten()
+        """A copy of this drafter that proposes only `token_ids`.
+
+        The Markov rows of tokens this drafter already proposes are kept; tokens it could not propose (when it has
+        a draft vocabulary already, e.g. one grown for a new domain) start with zero Markov rows.
+        """
+        token_ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.device).flatten()
         config = copy.deepcopy(self.config)
         config.draft_vocab_size = token_ids.numel()
         model = type(self)(config).to(device=self.device, dtype=self.dtype)
         model.generation_config = copy.deepcopy(self.generation_config)
         model.set_draft_vocab(token_ids)
         state = self.state_dict()
-        state["markov_proj.weight"] = state["markov_proj.weight"][token_ids.to(self.device)]
+        columns = self.draft_indices(token_ids)  # -1 where this drafter cannot propose the token
+        old_rows = state["markov_proj.weight"]
+        rows = old_rows.new_zeros(token_ids.numel(), old_rows.shape[1])
+        rows[columns >= 0] = old_rows[columns[columns >= 0]]
+        state["markov_proj.weight"] = rows
         state["draft_vocab"] = model.draft_vocab
         model.load_state_dict(state)
         return model

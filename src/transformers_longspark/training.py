@@ -21,7 +21,8 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
 from .configuration_longspark import LongSparkConfig
-from .distillation import Sequence, load_sequences, regenerate_hint, sample_anchors, sequence_loss
+from .corpora import DataMixture, data_sources
+from .distillation import Sequence, regenerate_hint, sample_anchors, sequence_loss
 from .files import check_fields, looks_like_hub_id, read_yaml, require_path
 from .loading import load_target
 from .modeling_longspark import LongSparkDrafterModel
@@ -35,8 +36,8 @@ class TrainingConfig:
     """A training run; `longspark train --config FILE` reads these fields from YAML or JSON."""
 
     output_dir: str
-    train_data: str
-    eval_data: str | None = None
+    train_data: str | list[Any]  # a path, or a list of data sources: {path, weight, format, ...} (corpora.DataSource)
+    eval_data: str | list[Any] | None = None
     target: str = "smollm2"  # a local model folder, or "smollm2" for the offline demo target
     drafter: dict[str, Any] = field(default_factory=dict)  # LongSparkConfig overrides, ablation switches included
     init_drafter: str | None = None  # start from a saved drafter instead of a fresh one
@@ -76,8 +77,9 @@ class TrainingConfig:
         """Raises `FileNotFoundError` with the fix when the training data or a local `init_drafter` is missing, so
         that `longspark train` stops before it loads the target."""
         for data in (self.train_data, self.eval_data):
-            if data is not None:
-                require_path(data, "Training data", regenerate_hint(data))
+            for source in data_sources(data) if data is not None else []:
+                if source.format != "dataset":
+                    require_path(source.path, "Training data", regenerate_hint(source.path))
         if self.init_drafter and not looks_like_hub_id(self.init_drafter):
             require_path(self.init_drafter, "init_drafter", "point it at a drafter folder saved by `longspark train`.")
 
@@ -100,8 +102,8 @@ def most_frequent_tokens(
 
 
 def build_drafter(config: TrainingConfig, target, sequences: list[Sequence]) -> LongSparkDrafterModel:
-    """A fresh drafter, or `init_drafter`; restricted to the tokens most frequent in `sequences` when the config sets
-    `drafter.draft_vocab_size` and the drafter does not have a draft vocabulary yet."""
+    """A fresh drafter, or `init_drafter`; when the config sets `drafter.draft_vocab_size`, restricted to the tokens
+    most frequent in `sequences` (a drafter with a smaller draft vocabulary keeps its tokens and gains the others)."""
     size = config.drafter.get("draft_vocab_size")
     overrides = {k: v for k, v in config.drafter.items() if k != "draft_vocab_size"}
     if config.init_drafter:
@@ -110,13 +112,16 @@ def build_drafter(config: TrainingConfig, target, sequences: list[Sequence]) -> 
         drafter.config._check_fields()
     else:
         drafter = LongSparkDrafterModel(LongSparkConfig.from_target_config(target.config, **overrides))
-    if size is not None and drafter.config.draft_vocab_size is None:
+    current = drafter.config.draft_vocab_size
+    if size is not None and size != current:
+        if current is not None and size < current:
+            raise ValueError(f"init_drafter has a draft vocabulary of {current} tokens, more than the {size} the "
+                             f"config asks for; it can only grow. Remove `draft_vocab_size` to keep it.")  # fmt: skip
+        # A new vocabulary, or a grown one: the drafter's tokens stay, the most frequent others of the data join.
         eos = target.generation_config.eos_token_id if target.generation_config is not None else None
-        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-        drafter = drafter.with_draft_vocab(most_frequent_tokens(sequences, size, drafter.config.vocab_size, always=eos))
-    elif size is not None and drafter.config.draft_vocab_size != size:
-        raise ValueError(f"init_drafter has a draft vocabulary of {drafter.config.draft_vocab_size} tokens, but the "
-                         f"config asks for {size}; remove `draft_vocab_size` from `drafter:` to keep it.")  # fmt: skip
+        always = ([] if eos is None else [eos] if isinstance(eos, int) else list(eos))
+        always += drafter.draft_vocab.tolist() if current is not None else []
+        drafter = drafter.with_draft_vocab(most_frequent_tokens(sequences, size, drafter.config.vocab_size, always))
     check_target_compatible(drafter.config, target)
     drafter.bind_target(target)
     return drafter
@@ -152,10 +157,14 @@ class Trainer:
             target_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
             target, tokenizer = load_target(config.target, target_dtype, device)
         self.target, self.tokenizer = target, tokenizer
-        self.train_sequences = load_sequences(config.train_data, config.max_seq_len)
-        self.eval_sequences = (
-            load_sequences(config.eval_data, config.max_seq_len)[: config.eval_sequences] if config.eval_data else []
-        )
+        self.train_data = DataMixture(data_sources(config.train_data), tokenizer, config.max_seq_len)
+        self.eval_sequences = []
+        if config.eval_data:
+            # Round-robin over the eval sources, so that every source is evaluated.
+            per_source = DataMixture(data_sources(config.eval_data), tokenizer, config.max_seq_len).sequences
+            longest = max(len(sequences) for sequences in per_source)
+            interleaved = [s[i] for i in range(longest) for s in per_source if i < len(s)]
+            self.eval_sequences = interleaved[: config.eval_sequences]
         drafter = build_drafter(config, target, self.train_sequences)
         optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.learning_rate,
                                       weight_decay=config.weight_decay, betas=(0.9, 0.95))  # fmt: skip
@@ -170,6 +179,10 @@ class Trainer:
         self.tensorboard = self._tensorboard()
 
     @property
+    def train_sequences(self) -> list[Sequence]:
+        return self.train_data.all_sequences
+
+    @property
     def model(self) -> LongSparkDrafterModel:
         return self.accelerator.unwrap_model(self.drafter)
 
@@ -177,7 +190,7 @@ class Trainer:
         c = self.config
         if c.max_steps:  # as in transformers' Trainer, max_steps overrides epochs
             return c.max_steps
-        per_epoch = len(self.train_sequences) // (c.sequences_per_step * self.accelerator.num_processes)
+        per_epoch = len(self.train_data) // (c.sequences_per_step * self.accelerator.num_processes)
         return max(1, per_epoch * c.epochs // c.gradient_accumulation_steps)
 
     def _tensorboard(self):
@@ -188,19 +201,10 @@ class Trainer:
         return SummaryWriter(str(self.output_dir / "tensorboard")) if self.accelerator.is_main_process else None
 
     def _micro_batches(self):
-        """Deterministic (seed, epoch) order of this process's sequences, endless; position = micro-batch index.
-
-        Resumption is exact when the data folder is unchanged."""
-        c, n = self.config, self.accelerator.num_processes
-        epoch = 0
-        while True:
-            if epoch > 0:  # re-read, so that a run started beside `longspark regenerate` picks up its new records
-                self.train_sequences = load_sequences(c.train_data, c.max_seq_len)
-            order = torch.randperm(len(self.train_sequences), generator=torch.Generator().manual_seed(c.seed + epoch))
-            order = order[self.accelerator.process_index :: n].tolist()
-            for start in range(0, len(order) - c.sequences_per_step + 1, c.sequences_per_step):
-                yield [self.train_sequences[i] for i in order[start : start + c.sequences_per_step]]
-            epoch += 1
+        """This process's micro-batches, endless and deterministic; resumption is exact when the data is unchanged."""
+        c, accelerator = self.config, self.accelerator
+        return self.train_data.micro_batches(c.sequences_per_step, c.seed, accelerator.process_index,
+                                             accelerator.num_processes)  # fmt: skip
 
     def train(self, resume: bool = False) -> Path:
         c = self.config
@@ -244,6 +248,7 @@ class Trainer:
             record = {"step": self.step, "sequences": sequences_seen, "tokens": self.tokens_seen,
                       "loss": sum(losses) / len(losses), "lr": self.scheduler.get_last_lr()[0],
                       "seconds": time.perf_counter() - started}  # fmt: skip
+            record["target_tokens_per_s"] = tokens * self.accelerator.num_processes / record["seconds"]
             progress.set_postfix(loss=f"{record['loss']:.4f}")
             if self.step % c.eval_every == 0 or self.step == self.total_steps:
                 record.update(self.evaluate())

@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..corpora import HELD_OUT_PERCENT, is_held_out
+
 DEFAULT_LONG_LENGTHS = (2048, 4096, 8192)
 SHORT_SOURCES = ("gsm8k", "mmath-en", "stdlib-code")
 HELD_OUT_DIR = Path("data") / "smollm2" / "held_out"
@@ -70,8 +72,13 @@ def short_prompts(
     ]
 
 
-def _stdlib_files(min_bytes: int) -> list[Path]:
-    return [p for p in sorted(Path(os.__file__).parent.glob("*.py")) if p.stat().st_size >= min_bytes]
+def _stdlib_files(min_bytes: int, held_out_only: bool = False) -> list[Path]:
+    """Top-level stdlib modules of at least `min_bytes`, by name; `held_out_only`: only those that
+    `scripts/prepare_corpora.py` holds out of the training corpora (ids `python/stdlib/<name>`)."""
+    files = [p for p in sorted(Path(os.__file__).parent.glob("*.py")) if p.stat().st_size >= min_bytes]
+    if held_out_only:
+        files = [p for p in files if is_held_out(f"python/stdlib/{p.name}", HELD_OUT_PERCENT)]
+    return files
 
 
 def _file_token_ids(tokenizer, path: Path) -> list[int]:
@@ -98,6 +105,9 @@ def long_context_prompts(
 ) -> list[dict[str, Any]]:
     """Code-continuation prompts: Python stdlib files (one per prompt, in name order) cut to ``lengths[i % n]`` tokens.
 
+    Only the files held out of the training corpora (:func:`..corpora.is_held_out`) are used, so no drafter trained
+    on `scripts/prepare_corpora.py`'s data has seen them.
+
     Lengths are capped at ``max_positions - reserve`` (reserve room for the new tokens and one draft block). The
     prompts are raw code, no chat template: the target continues the file.
     """
@@ -106,7 +116,7 @@ def long_context_prompts(
     if max_positions is not None:
         lengths = [min(length, max_positions - reserve) for length in lengths]
     prompts: list[dict[str, Any]] = []
-    files = iter(_stdlib_files(min(lengths) * 2))
+    files = iter(_stdlib_files(min(lengths) * 2, held_out_only=True))
     for index in range(num_prompts):
         length = lengths[index % len(lengths)]
         for path in files:
@@ -119,7 +129,8 @@ def long_context_prompts(
                 prompts.append({"name": name, "source": "stdlib-file", "input_ids": ids[:length]})
                 break
         else:
-            raise ValueError(f"No more standard-library files hold {length} tokens (found {len(prompts)} prompts).")
+            raise ValueError(f"No more held-out standard-library files hold {length} tokens (found {len(prompts)} "
+                             "prompts); ask for fewer or shorter long prompts.")
     return prompts
 
 
