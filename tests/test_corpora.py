@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_training import tiny_config, write_records
 
 from conftest import make_drafter, make_target
-from test_training import tiny_config, write_records
 from transformers_longspark.benchmarks.prompts import long_context_prompts
 from transformers_longspark.corpora import (
     DataMixture,
@@ -87,7 +87,7 @@ def test_formats_are_recognised(tmp_path):
     assert DataSource(str(files)).resolved_format() == "files"
     with pytest.raises(ValueError, match="cannot tell the format"):
         DataSource(str(odd)).resolved_format()
-    with pytest.raises(FileNotFoundError, match="does not exist|not found|No such"):
+    with pytest.raises(FileNotFoundError, match=r"does not exist|not found|No such"):
         DataSource(str(tmp_path / "missing")).resolved_format()
 
 

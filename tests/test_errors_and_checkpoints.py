@@ -40,14 +40,6 @@ def test_mismatched_drafter_is_refused(field, value, message):
     handle.remove()
 
 
-def test_batch_above_one_is_refused():
-    target = make_target("llama")
-    handle = target.model.register_forward_pre_hook(no_forward)
-    with pytest.raises(ValueError, match="batch-1"):
-        target.generate(torch.randint(0, 64, (2, 5)), max_new_tokens=4, assistant_model=make_drafter(target))
-    handle.remove()
-
-
 def test_unsupported_target_is_refused():
     from transformers import GPT2Config, GPT2LMHeadModel
 

@@ -1,7 +1,8 @@
 """LongSpark: a fixed-cost block-diffusion speculative drafter for Hugging Face Transformers.
 
 Importing the package registers `LongSparkConfig`/`LongSparkDrafterModel` with `AutoConfig`/`AutoModel` and routes
-`target.generate(..., assistant_model=drafter)` to the LongSpark candidate generator (see `generation.py`).
+`target.generate(..., assistant_model=drafter)` to the LongSpark candidate generator (one sequence, see
+`generation.py`) or to the batched loop (left-padded batches, see `batched.py`).
 """
 
 from transformers import AutoConfig, AutoModel

@@ -7,8 +7,9 @@ Three views per selected target layer:
 - the **global summary**: `S_t = softmax(U K[1..t]^T / sqrt(d)) V[1..t]` for `m` learned queries `U` per KV head,
   kept as one value vector and one log-normaliser per query and updated by folding in only new rows.
 
-`LongSparkContextState` holds the persistent part (summary + boundary) for one request; its size depends on the
-config alone. `prefix_summaries` computes the same summaries for many anchors at once for training.
+`LongSparkContextState` holds the persistent part (summary + boundary) for `N` requests (one in transformers' own
+assisted loop, a batch in `batched.py`); its size per request depends on the config alone. `prefix_summaries` computes
+the same summaries for many anchors at once for training.
 """
 
 from __future__ import annotations
@@ -40,13 +41,15 @@ class DraftContext:
 
 
 def summarize_rows(
-    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
+    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention summary of a set of rows.
 
     Args:
         queries: `(num_kv_heads, m, head_dim)` summary queries `U`.
         keys / values: `(N, num_kv_heads, T, head_dim)`, with `T >= 1`.
+        mask: `(N, T)` bool, True for the rows to summarize; `None` summarizes them all. A request without any row
+            gets `log_norm = -inf` and a zero `out`, the empty summary `merge_summaries` accepts.
 
     Returns:
         `(log_norm, out)`: `(N, num_kv_heads, m)` log-sum-exp of the scores and `(N, num_kv_heads, m, head_dim)`
@@ -54,19 +57,30 @@ def summarize_rows(
     """
     scale = queries.shape[-1] ** -0.5
     scores = torch.einsum("hmd,nhtd->nhmt", queries.float(), keys.float()) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
     log_norm = torch.logsumexp(scores, dim=-1)
-    out = torch.einsum("nhmt,nhtd->nhmd", torch.exp(scores - log_norm.unsqueeze(-1)), values.float())
+    weights = torch.exp(scores - _finite_or_zero(log_norm).unsqueeze(-1))
+    out = torch.einsum("nhmt,nhtd->nhmd", weights, values.float())
     return log_norm, out
 
 
 def merge_summaries(
     log_norm_a: torch.Tensor, out_a: torch.Tensor, log_norm_b: torch.Tensor, out_b: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summary of the union of two disjoint row sets: `l = logaddexp(l_a, l_b)`, `o = e^(l_a-l) o_a + e^(l_b-l) o_b`."""
+    """Summary of the union of two disjoint row sets: `l = logaddexp(l_a, l_b)`, `o = e^(l_a-l) o_a + e^(l_b-l) o_b`.
+
+    Either set may be empty (`l = -inf`, `o = 0`); the union of two empty sets is empty."""
     log_norm = torch.logaddexp(log_norm_a, log_norm_b)
-    weight_a = torch.exp(log_norm_a - log_norm).unsqueeze(-1)
-    weight_b = torch.exp(log_norm_b - log_norm).unsqueeze(-1)
+    reference = _finite_or_zero(log_norm)
+    weight_a = torch.exp(log_norm_a - reference).unsqueeze(-1)
+    weight_b = torch.exp(log_norm_b - reference).unsqueeze(-1)
     return log_norm, weight_a * out_a + weight_b * out_b
+
+
+def _finite_or_zero(log_norm: torch.Tensor) -> torch.Tensor:
+    # An empty set's -inf normaliser would turn its zero weights into exp(-inf + inf) = nan.
+    return torch.where(torch.isfinite(log_norm), log_norm, 0.0)
 
 
 def prefix_summaries(
@@ -93,12 +107,43 @@ def prefix_summaries(
     return out.view(num_kv_heads, num_anchors, m, head_dim).transpose(0, 1)
 
 
-class LongSparkContextState:
-    """Persistent per-request drafter state: global summary, rows absorbed, boundary states.
+def last_real_columns(column_mask: torch.BoolTensor, width: int) -> tuple[torch.LongTensor, torch.BoolTensor]:
+    """Where each request's recent window lies in a cache whose columns are not all its real rows.
 
-    The summary keeps, per selected layer, a `(1, num_kv_heads, m)` log-normaliser and a `(1, num_kv_heads, m,
-    head_dim)` value in float32. `update` folds in the rows the target cache gained since the last round (all of
-    the prompt at prefill, in chunks of `chunk_size` rows, then at most `B + 1` rows per round).
+    Args:
+        column_mask: `(N, T)` bool, True where column `c` holds a real row of request `n` (False for padding and
+            rejected drafts).
+        width: window rows `w`.
+
+    Returns:
+        `(index, mask)`, both `(N, w)`: the columns of request `n`'s last `w` real rows, oldest first and
+        right-aligned; a request with fewer real rows has its first entries masked out (`mask` False, index 0).
+    """
+    num_requests, num_columns = column_mask.shape
+    rank = column_mask.cumsum(dim=1)  # real rows up to and including each column
+    slot = rank - (rank[:, -1:] - width) - 1  # window slot of each real column, < 0 before the window
+    in_window = column_mask & (slot >= 0)
+    slot = torch.where(in_window, slot, width)  # every other column goes to a spare slot, dropped below
+    columns = torch.arange(num_columns, device=column_mask.device).expand(num_requests, -1)
+    index = column_mask.new_zeros(num_requests, width + 1, dtype=torch.long).scatter_(1, slot, columns)
+    mask = column_mask.new_zeros(num_requests, width + 1).scatter_(1, slot, in_window)
+    return index[:, :width], mask[:, :width]
+
+
+def gather_columns(rows: torch.Tensor, index: torch.LongTensor) -> torch.Tensor:
+    """`rows[n, :, index[n]]`: `(N, num_kv_heads, T, head_dim)` cache rows and `(N, w)` column indices ->
+    `(N, num_kv_heads, w, head_dim)`."""
+    num_requests, heads, _, head_dim = rows.shape
+    return rows.gather(2, index[:, None, :, None].expand(num_requests, heads, -1, head_dim))
+
+
+class LongSparkContextState:
+    """Persistent drafter state of `N` requests: global summary, rows absorbed, boundary states.
+
+    The summary keeps, per selected layer, a `(N, num_kv_heads, m)` log-normaliser and a `(N, num_kv_heads, m,
+    head_dim)` value in float32. `absorb` folds in the rows the target cache gained since the last round (all of
+    the prompt at prefill, in chunks of `chunk_size` rows, then at most `B + 1` rows per round). `num_absorbed`
+    counts cache columns (shared by the `N` requests), whether or not they were real rows of a request.
     """
 
     def __init__(self, num_layers: int, chunk_size: int):
@@ -108,14 +153,31 @@ class LongSparkContextState:
         self.summaries: list[torch.Tensor | None] = [None] * num_layers
         self.boundary_states: torch.Tensor | None = None
 
-    def absorb(self, layer: int, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Folds rows `(1, num_kv_heads, n, head_dim)` into layer `layer`'s summary, `chunk_size` rows at a time."""
+    def absorb(
+        self,
+        layer: int,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> None:
+        """Folds rows `(N, num_kv_heads, n, head_dim)` into layer `layer`'s summary, `chunk_size` rows at a time.
+
+        `mask` `(N, n)` marks each request's real rows (False for padding and rejected drafts); `None`: all real."""
         for start in range(0, keys.shape[2], self.chunk_size):
             chunk = slice(start, start + self.chunk_size)
-            log_norm, out = summarize_rows(queries, keys[:, :, chunk], values[:, :, chunk])
+            chunk_mask = None if mask is None else mask[:, chunk]
+            log_norm, out = summarize_rows(queries, keys[:, :, chunk], values[:, :, chunk], chunk_mask)
             if self.log_norms[layer] is not None:
                 log_norm, out = merge_summaries(self.log_norms[layer], self.summaries[layer], log_norm, out)
             self.log_norms[layer], self.summaries[layer] = log_norm, out
+
+    def select(self, indices: torch.LongTensor) -> None:
+        """Keeps the requests `indices` `(N',)` only, in that order (e.g. the unfinished rows of a batch)."""
+        self.log_norms = [None if t is None else t[indices] for t in self.log_norms]
+        self.summaries = [None if t is None else t[indices] for t in self.summaries]
+        if self.boundary_states is not None:
+            self.boundary_states = self.boundary_states[indices]
 
     @property
     def nbytes(self) -> int:

@@ -4,8 +4,10 @@ Routing: transformers picks a candidate generator in `GenerationMixin._get_candi
 registry for third-party drafters. `import transformers_longspark` wraps that method (and the assistant checks
 of `_validate_generation_mode`) once: when `assistant_model` is a `LongSparkDrafterModel` the wrapper returns a
 `LongSparkCandidateGenerator`, and for every other assistant and mode it calls the original unchanged. Assisted
-decoding itself (verification, acceptance, cache cropping, streamers, outputs) is transformers' own loop; with a
-LongSpark drafter it runs inside `verification.fast_verification` (`_assisted_decoding` is wrapped for that).
+decoding itself (verification, acceptance, cache cropping, streamers, outputs) is transformers' own loop for one
+sequence; `_assisted_decoding` is wrapped to run it inside `verification.fast_verification`, and to run a batch of
+sequences in `batched.py` instead (transformers' loop is batch-1). Settings neither loop serves (beam search, several
+sequences per prompt, static caches) are refused before any token.
 """
 
 from __future__ import annotations
@@ -16,13 +18,16 @@ from typing import Any, ClassVar
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
+from transformers.cache_utils import StaticCache, StaticLayer
 from transformers.generation.candidate_generator import CandidateGenerator
+from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
 from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.utils import GenerationMixin
 
 from .context_state import DraftContext, LongSparkContextState
+from .drafting import draft_tokens, read_draft_context
 from .modeling_longspark import LongSparkDrafterModel
-from .targets import HiddenStateCapture, check_sliding_window, check_target_compatible, read_cache_rows
+from .targets import HiddenStateCapture, check_sliding_window, check_target_compatible
 from .verification import fast_verification
 
 
@@ -31,10 +36,13 @@ class DraftingStats:
     """Per-`generate` counters, kept on `drafter.drafting_stats` after each call.
 
     `tau = (new tokens - 1) / verification rounds`: the prefill forward yields the first token, then each round
-    adds the accepted draft tokens plus one.
+    adds the accepted draft tokens plus one. In a batch (`batched.py`), `rounds` counts each sequence's rounds (a
+    forward over `n` unfinished sequences adds `n`), so `tau = (new tokens - batch size) / rounds`, and
+    `batch_rounds` counts the batched forwards.
     """
 
     rounds: int = 0
+    batch_rounds: int = 0
     drafted_tokens: int = 0
     proposal_seconds: float = 0.0
     context_update_seconds: float = 0.0
@@ -64,8 +72,9 @@ class LongSparkCandidateGenerator(CandidateGenerator):
     ):
         if input_ids.shape[0] != 1:
             raise ValueError(
-                f"LongSpark drafting got a batch of {input_ids.shape[0]} sequences, but transformers' assisted "
-                "decoding is batch-1. Call generate() once per prompt; batched drafting is not supported yet."
+                f"LongSparkCandidateGenerator drafts for one sequence (transformers' assisted decoding is batch-1), "
+                f"got {input_ids.shape[0]}. `target.generate(..., assistant_model=drafter)` runs batches in "
+                "`transformers_longspark.batched` instead."
             )
         check_target_compatible(drafter.config, target)
         config = drafter.config
@@ -79,7 +88,6 @@ class LongSparkCandidateGenerator(CandidateGenerator):
         self.logits_processor = logits_processor if logits_processor else None
         self.eos_token_ids = getattr(generation_config, "_eos_token_tensor", None)
         self.max_length = generation_config.max_length
-        self.mask_ids = torch.full((1, config.block_size - 1), config.mask_token_id, dtype=torch.long)
         self.confidence_threshold = drafter.generation_config.assistant_confidence_threshold or 0.0
         self.boundary_from_prefill = True
         self.stats = drafter.drafting_stats = DraftingStats()
@@ -98,6 +106,7 @@ class LongSparkCandidateGenerator(CandidateGenerator):
         if is_first_iteration:
             return input_ids, None
         self.stats.rounds += 1
+        self.stats.batch_rounds += 1
         start = time.perf_counter()
         context = self.update_context(model_kwargs["cache"], input_ids.shape[1] - 1, n_last_matches)
         after_update = time.perf_counter()
@@ -119,35 +128,13 @@ class LongSparkCandidateGenerator(CandidateGenerator):
         verification forward (the prefill's last position on the first round)."""
         if cache.get_seq_length() != num_cached:
             raise RuntimeError(f"Target cache holds {cache.get_seq_length()} rows, expected {num_cached}.")
-        config, state = self.config, self.state
         # After prefill the boundary is the last prompt position; after a round it is the last accepted token.
         position = -1 if self.boundary_from_prefill else n_last_matches
         self.boundary_from_prefill = False
-        state.boundary_states = self.capture.concatenated(position)
-
-        new_rows = num_cached - state.num_absorbed
-        window_rows = num_cached if config.full_prefix_context else min(config.window_size, num_cached)
-        use_summary = config.use_global_summary and not config.full_prefix_context
-        use_window = config.use_recent_window or config.full_prefix_context
-        window_keys, window_values = [], []
-        for j, layer_id in enumerate(self.layer_ids):
-            keys, values = read_cache_rows(cache, layer_id, max(new_rows if use_summary else 0, window_rows))
-            if use_summary and new_rows > 0:
-                queries = self.drafter.summary_queries[j]
-                state.absorb(j, queries, keys[:, :, -new_rows:], values[:, :, -new_rows:])
-            if use_window:
-                window_keys.append(keys[:, :, -window_rows:])
-                window_values.append(values[:, :, -window_rows:])
-        state.num_absorbed = num_cached
-        self.stats.context_state_bytes = state.nbytes
-        return DraftContext(
-            boundary_states=state.boundary_states,
-            window_keys=window_keys,
-            window_values=window_values,
-            window_mask=None,
-            summary_values=list(state.summaries) if use_summary else [],
-            positions=torch.tensor([num_cached], device=state.boundary_states.device),
-        )
+        self.state.boundary_states = self.capture.concatenated(position)
+        context = read_draft_context(self.drafter, self.state, cache, num_cached)
+        self.stats.context_state_bytes = self.state.nbytes
+        return context
 
     @torch.no_grad()
     def propose(
@@ -157,25 +144,15 @@ class LongSparkCandidateGenerator(CandidateGenerator):
 
         The block ends early at an EOS, and before the first token after the first whose draft probability is below
         `assistant_confidence_threshold` (dynamic block length: unlikely tokens are not worth verifying)."""
-        block_ids = torch.cat([input_ids[:, -1:], self.mask_ids.to(input_ids.device)], dim=1)
-        base_logits = self.drafter(block_ids, context).base_logits
-        drafted_ids, drafted_logits = [], []
-        previous = input_ids[:, -1]
-        for i in range(num_tokens):
-            logits = self.drafter.to_target_vocab(base_logits[:, i] + self.drafter.markov_correction(previous).float())
-            if self.logits_processor is not None:  # they read the whole sequence so far (e.g. repetition penalty)
-                logits = self.logits_processor(torch.cat([input_ids, *drafted_ids], dim=1), logits)
-            probs = torch.softmax(logits, dim=-1)
-            token = torch.multinomial(probs, num_samples=1) if self.do_sample else probs.argmax(dim=-1, keepdim=True)
-            if i > 0 and self.confidence_threshold > 0 and float(probs.gather(-1, token)) < self.confidence_threshold:
-                break
-            drafted_ids.append(token)
-            drafted_logits.append(logits)
-            # Tokens after an EOS can never be kept, so the block ends there.
-            if self.eos_token_ids is not None and torch.isin(token, self.eos_token_ids.to(token.device)).any():
-                break
-            previous = token[:, 0]
-        return torch.cat([input_ids, *drafted_ids], dim=1), torch.stack(drafted_logits, dim=1)
+        sequences = torch.cat([input_ids, input_ids.new_zeros(1, num_tokens)], dim=1)  # room for the drafts
+        rows = torch.zeros(1, dtype=torch.long, device=input_ids.device)
+        lengths, max_tokens = rows + input_ids.shape[1], rows + num_tokens
+        tokens, logits, num_drafted = draft_tokens(
+            self.drafter, context, sequences, rows, lengths, max_tokens, self.logits_processor, self.do_sample,
+            self.confidence_threshold, self.eos_token_ids,
+        )  # fmt: skip
+        num_drafted = int(num_drafted[0])
+        return torch.cat([input_ids, tokens[:, :num_drafted]], dim=1), logits[:, :num_drafted]
 
 
 _original_get_candidate_generator = GenerationMixin._get_candidate_generator
@@ -193,11 +170,23 @@ def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, 
 
 
 def _assisted_decoding(self, input_ids, *args, assistant_model=None, **kwargs):
-    # The fast verification path lives exactly as long as the assisted-decoding loop (see `verification.py`).
-    if isinstance(assistant_model, LongSparkDrafterModel) and assistant_model.fast_verification:
-        with fast_verification(self, kwargs.get("cache"), kwargs["generation_config"].max_length):
-            return _original_assisted_decoding(self, input_ids, *args, assistant_model=assistant_model, **kwargs)
-    return _original_assisted_decoding(self, input_ids, *args, assistant_model=assistant_model, **kwargs)
+    if not isinstance(assistant_model, LongSparkDrafterModel):
+        return _original_assisted_decoding(self, input_ids, *args, assistant_model=assistant_model, **kwargs)
+    cache = kwargs.get("cache")
+    check_dynamic_cache(cache)
+    max_length = kwargs["generation_config"].max_length
+    if input_ids.shape[0] > 1:  # transformers' loop is batch-1
+        from .batched import batched_speculative_decoding, max_cache_columns
+
+        decode = batched_speculative_decoding
+        max_length = max_cache_columns(max_length, assistant_model.config.block_size)
+    else:
+        decode = _original_assisted_decoding
+    if not assistant_model.fast_verification:
+        return decode(self, input_ids, *args, assistant_model=assistant_model, **kwargs)
+    # The fast verification path lives exactly as long as the decoding loop (see `verification.py`).
+    with fast_verification(self, cache, max_length):
+        return decode(self, input_ids, *args, assistant_model=assistant_model, **kwargs)
 
 
 def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs) -> None:
@@ -205,7 +194,39 @@ def _validate_generation_mode(self, generation_mode, generation_config, generati
     drafter = generation_mode_kwargs.get("assistant_model")
     if isinstance(drafter, LongSparkDrafterModel):
         check_target_compatible(drafter.config, self)
+        check_generation_settings(generation_config)
     _original_validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs)
+
+
+def check_generation_settings(generation_config: GenerationConfig) -> None:
+    """Raises `ValueError`, before any token, for the `generate` settings LongSpark drafting cannot serve."""
+    if (generation_config.num_beams or 1) > 1:
+        raise ValueError(
+            f"LongSpark speculative decoding does not support beam search (num_beams={generation_config.num_beams}); "
+            "use num_beams=1 (greedy or sampling)."
+        )
+    copies = generation_config.num_return_sequences or 1
+    if copies > 1:
+        raise ValueError(
+            f"LongSpark speculative decoding returns one sequence per prompt (num_return_sequences={copies}); call "
+            f"generate once per sample, or repeat the prompt in the batch (`input_ids.repeat_interleave({copies}, 0)`)."
+        )
+    if generation_config.cache_implementation in ALL_STATIC_CACHE_IMPLEMENTATIONS:
+        raise ValueError(
+            f"LongSpark reads and crops the target's KV cache, which cache_implementation="
+            f"{generation_config.cache_implementation!r} cannot do; use the default dynamic cache "
+            "(drop `cache_implementation`)."
+        )
+
+
+def check_dynamic_cache(cache) -> None:
+    """Raises `ValueError` for a cache passed to `generate` that LongSpark cannot read and crop (a static cache)."""
+    layers = getattr(cache, "layers", None) or []
+    if isinstance(cache, StaticCache) or any(isinstance(layer, StaticLayer) for layer in layers):
+        raise ValueError(
+            f"LongSpark reads and crops the target's KV cache, which a {type(cache).__name__} cannot do; use the "
+            "default dynamic cache (pass no `cache`, or a `DynamicCache`)."
+        )
 
 
 def install_generation_hook() -> None:
@@ -215,4 +236,10 @@ def install_generation_hook() -> None:
     GenerationMixin._assisted_decoding = _assisted_decoding
 
 
-__all__ = ["LongSparkCandidateGenerator", "DraftingStats", "install_generation_hook"]
+__all__ = [
+    "DraftingStats",
+    "LongSparkCandidateGenerator",
+    "check_dynamic_cache",
+    "check_generation_settings",
+    "install_generation_hook",
+]

@@ -81,6 +81,11 @@ def grouped_verification_attention(
         by_group[..., num_keys - num_queries :].masked_fill_(future, float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
     out = torch.matmul(probs, value)  # (b, h_kv, g * k, d)
+    if attention_mask is not None:
+        # A query that may attend to nothing (a left-padding position of a batched prefill) gets zeros, as in `sdpa`,
+        # not NaN: its K/V rows stay finite, so masking them later is enough.
+        attends_to_nothing = ~attention_mask.any(dim=-1)[:, :, None, :, None]  # (b, 1, 1, k, 1)
+        out.view(batch, num_kv_heads, groups, num_queries, head_dim).masked_fill_(attends_to_nothing, 0.0)
     return out.view(batch, num_heads, num_queries, head_dim).transpose(1, 2).contiguous(), None
 
 

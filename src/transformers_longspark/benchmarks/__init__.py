@@ -12,6 +12,8 @@ Each is a Python function and a `longspark bench` subcommand:
   synthetic caches up to 128K.
 * `run_verify_cost` (`longspark bench verify-cost`): one cached target forward of `k` tokens vs prefix length,
   transformers' stock path vs `verification.fast_verification`.
+* `run_batched_benchmark` (`longspark bench --batch-sizes 1 2 4 8`): plain batched `generate` vs LongSpark batched
+  `generate` (`transformers_longspark.batched`) per batch size, on left-padded batches of the short and long prompts.
 * `run_memory_benchmark` (`longspark bench memory`): peak RSS of plain vs assisted `generate` at several prompt
   lengths, each measured in a fresh subprocess.
 
@@ -19,6 +21,7 @@ Each is a Python function and a `longspark bench` subcommand:
 shapes, built directly on `--device` in `--dtype`: see `scripts/gpu_benchmarks.sh`.
 """
 
+from .batched import format_batched, left_pad_batch, new_token_counts, run_batched_benchmark
 from .cli import add_bench_arguments, main, run_bench
 from .common import (
     Timings,
@@ -99,21 +102,25 @@ __all__ = [
     "build_synthetic_target",
     "chat_prompt_ids",
     "count_forward_calls",
+    "format_batched",
     "format_drafting_cost",
     "format_markdown",
     "format_memory",
     "format_verify_cost",
     "full_prefix_state_bytes",
+    "left_pad_batch",
     "long_context_prompts",
     "machine_info",
     "main",
     "make_full_prefix_drafter",
     "measure",
+    "new_token_counts",
     "new_tokens_from_round_log",
     "plot_drafting_cost",
     "plot_verify_cost",
     "prefill",
     "reserved_copy",
+    "run_batched_benchmark",
     "run_bench",
     "run_drafting_cost",
     "run_memory_benchmark",

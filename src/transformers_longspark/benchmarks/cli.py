@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from .batched import format_batched, run_batched_benchmark
 from .common import write_json
 from .drafting_cost import DEFAULT_PREFIX_LENGTHS, DEFAULT_SYNTHETIC_PREFIX_LENGTHS, run_drafting_cost
 from .memory import run_memory_benchmark
@@ -81,6 +82,12 @@ def _add_speed_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     parser.add_argument("--no-warmup", dest="warmup", action="store_false")
     parser.add_argument("--progress", action="store_true", help="print every run to stderr")
+    parser.add_argument(
+        "--batch-sizes", type=int, nargs="+",
+        help="instead of the method comparison, time plain batched generate vs LongSpark batched at these batch "
+        "sizes (left-padded batches of the short and long prompts, cycled to fill them)",
+    )  # fmt: skip
+    parser.add_argument("--repeats", type=int, default=1, help="timed calls per method and batch (--batch-sizes)")
 
 
 def add_bench_arguments(subparsers_or_parser) -> argparse.ArgumentParser:
@@ -88,6 +95,7 @@ def add_bench_arguments(subparsers_or_parser) -> argparse.ArgumentParser:
     are added to the given parser. Returns the `bench` parser; dispatch with `run_bench`.
 
     * `longspark bench [speed options]` or `longspark bench speed ...`: the speed comparison;
+    * `longspark bench --batch-sizes 1 2 4 8 [speed options]`: plain vs LongSpark batched `generate`;
     * `longspark bench drafting-cost --json FILE --plot FILE.png`;
     * `longspark bench verify-cost --json FILE --plot FILE.png`;
     * `longspark bench memory --json FILE`.
@@ -214,12 +222,15 @@ def _run_speed(args: argparse.Namespace) -> dict[str, Any]:
     max_positions = target.config.get_text_config().max_position_embeddings
     prompts: dict[str, list[dict[str, Any]]] = {}
     if "short" in args.workloads:
-        prompts["short"] = short_prompts(tokenizer, args.num_short_prompts, args.held_out)
+        num_short = max(args.num_short_prompts, *(args.batch_sizes or []))
+        prompts["short"] = short_prompts(tokenizer, num_short, args.held_out)
     if "long" in args.workloads:
         reserve = args.max_new_tokens + drafter.config.block_size + 1
         prompts["long"] = long_context_prompts(
             tokenizer, args.long_lengths, args.num_long_prompts, max_positions=max_positions, reserve=reserve
         )
+    if args.batch_sizes:
+        return _run_batched(args, target, tokenizer, drafter, drafter_info, prompts)
     result = run_speed_benchmark(
         target, tokenizer, drafter, prompts, args.max_new_tokens, modes=args.modes, methods=args.methods,
         temperature=args.temperature, prompt_lookup_num_tokens=args.prompt_lookup_num_tokens,
@@ -227,6 +238,19 @@ def _run_speed(args: argparse.Namespace) -> dict[str, Any]:
         progress=args.progress,
     )  # fmt: skip
     _write_outputs(args, result, format_markdown(result))
+    return result
+
+
+def _run_batched(args, target, tokenizer, drafter, drafter_info, prompts) -> dict[str, Any]:
+    pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    result = run_batched_benchmark(
+        target, drafter, {name: [p["input_ids"] for p in items] for name, items in prompts.items()},
+        args.batch_sizes, args.max_new_tokens, modes=args.modes, pad_token_id=pad_token_id,
+        temperature=args.temperature, ignore_eos=args.ignore_eos, repeats=args.repeats, warmup=int(args.warmup),
+        seed=args.seed, drafter_info=drafter_info, progress=args.progress,
+    )  # fmt: skip
+    result["target"] = _target_name(args)
+    _write_outputs(args, result, format_batched(result))
     return result
 
 

@@ -1,0 +1,187 @@
+"""Batched decoding speed: plain batched `generate` vs LongSpark batched `generate`, per batch size.
+
+`longspark bench --batch-sizes 1 2 4 8` (`run_batched_benchmark`): for each workload (short chat prompts, long code
+prompts), mode and batch size, the first `b` prompts (cycled when there are fewer) are left-padded into one batch and
+`target.generate` runs on it with and without the drafter, interleaved (`common.measure`). Batch 1 is transformers' own
+assisted loop; larger batches run `transformers_longspark.batched`. tokens/s counts each row's new tokens up to its
+EOS (padding excluded) over the median time of one batched call.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from ..modeling_longspark import LongSparkDrafterModel
+from .common import machine_info, measure
+
+METHODS = ("plain", "longspark")
+
+
+def left_pad_batch(
+    prompts: Sequence[Sequence[int]], batch_size: int, pad_token_id: int, device: str | torch.device = "cpu"
+) -> tuple[torch.LongTensor, torch.LongTensor]:
+    """`(input_ids, attention_mask)`, both `(batch_size, longest)`: the first `batch_size` prompts (cycled), padded
+    on the left."""
+    rows = [list(prompts[i % len(prompts)]) for i in range(batch_size)]
+    width = max(len(row) for row in rows)
+    input_ids = torch.full((batch_size, width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((batch_size, width), dtype=torch.long)
+    for index, row in enumerate(rows):
+        input_ids[index, width - len(row) :] = torch.tensor(row)
+        attention_mask[index, width - len(row) :] = 1
+    return input_ids.to(device), attention_mask.to(device)
+
+
+def new_token_counts(new_ids: torch.LongTensor, eos_token_ids: Sequence[int]) -> list[int]:
+    """Tokens each row generated: up to and including its first EOS, else all of them (`(batch, new)` ids)."""
+    counts = []
+    for row in new_ids.tolist():
+        ends = [i for i, token in enumerate(row) if token in eos_token_ids]
+        counts.append(ends[0] + 1 if ends else len(row))
+    return counts
+
+
+def _eos_token_ids(target: PreTrainedModel) -> list[int]:
+    eos = target.generation_config.eos_token_id
+    return [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [eos]
+
+
+def _generate_kwargs(mode: str, max_new_tokens: int, pad_token_id: int, temperature: float, ignore_eos: bool):
+    kwargs: dict[str, Any] = dict(max_new_tokens=max_new_tokens, do_sample=mode == "sampled", pad_token_id=pad_token_id)
+    if mode == "sampled":
+        kwargs.update(temperature=temperature, top_k=0, top_p=1.0)  # plain temperature sampling, as `bench speed`
+    if ignore_eos:
+        kwargs["min_new_tokens"] = max_new_tokens
+    return kwargs
+
+
+def _measure_batch(target, drafter, input_ids, attention_mask, kwargs, repeats, warmup, seed, device):
+    """Median seconds, new tokens and outputs of plain and LongSpark batched `generate` on one batch."""
+    outputs: dict[str, torch.LongTensor] = {}
+
+    def call(method: str):
+        extra = {"assistant_model": drafter} if method == "longspark" else {}
+
+        def run():
+            outputs[method] = target.generate(input_ids, attention_mask=attention_mask, **kwargs, **extra)
+
+        return run
+
+    timings = measure({method: call(method) for method in METHODS}, repeats, warmup, device=device,
+                      prepare=lambda name: torch.manual_seed(seed))  # fmt: skip
+    return {method: timings[method].median_ms() / 1000.0 for method in METHODS}, outputs
+
+
+def run_batched_benchmark(
+    target: PreTrainedModel,
+    drafter: LongSparkDrafterModel,
+    prompts: Mapping[str, Sequence[Sequence[int]]],
+    batch_sizes: Sequence[int] = (1, 2, 4, 8),
+    max_new_tokens: int = 128,
+    *,
+    modes: Sequence[str] = ("greedy",),
+    pad_token_id: int | None = None,
+    temperature: float = 1.0,
+    ignore_eos: bool = False,
+    repeats: int = 1,
+    warmup: int = 1,
+    seed: int = 0,
+    drafter_info: Mapping[str, Any] | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Tokens/s of plain vs LongSpark batched `generate` for each workload, mode and batch size.
+
+    Args:
+        prompts: `{workload: [token ids, ...]}`; a batch of `b` takes the first `b` prompts, cycled.
+        pad_token_id: left-padding id (default: the target's pad, else its EOS, else 0).
+        repeats / warmup: timed and untimed `generate` calls per method and batch (`common.measure`, interleaved).
+
+    Returns:
+        `{"benchmark": "batched", "machine", "settings", "drafter", "rows": [{workload, mode, batch_size,
+        prompt_tokens, plain_tokens_per_s, longspark_tokens_per_s, speedup, tau, greedy_identical, ...}]}`.
+    """
+    if not batch_sizes or min(batch_sizes) < 1:
+        raise ValueError(f"Batch sizes must be >= 1, got {list(batch_sizes)}.")
+    device = next(target.parameters()).device
+    eos_token_ids = _eos_token_ids(target)
+    if pad_token_id is None:
+        pad = target.generation_config.pad_token_id
+        pad_token_id = pad if pad is not None else (eos_token_ids[0] if eos_token_ids else 0)
+    rows = []
+    for workload, items in prompts.items():
+        if not items:
+            raise ValueError(f"Workload {workload!r} has no prompts.")
+        for mode in modes:
+            kwargs = _generate_kwargs(mode, max_new_tokens, pad_token_id, temperature, ignore_eos)
+            for batch_size in batch_sizes:
+                input_ids, attention_mask = left_pad_batch(items, batch_size, pad_token_id, device)
+                seconds, outputs = _measure_batch(target, drafter, input_ids, attention_mask, kwargs, repeats,
+                                                  warmup, seed, device)  # fmt: skip
+                tokens = {m: sum(new_token_counts(outputs[m][:, input_ids.shape[1] :], eos_token_ids)) for m in METHODS}
+                rate = {m: tokens[m] / seconds[m] for m in METHODS}
+                stats = drafter.drafting_stats
+                identical = torch.equal(outputs["plain"], outputs["longspark"]) if mode == "greedy" else None
+                row = {
+                    "workload": workload, "mode": mode, "batch_size": batch_size,
+                    "prompt_tokens": int(attention_mask.sum(dim=1).max()), "padded_width": input_ids.shape[1],
+                    "plain_seconds": seconds["plain"], "longspark_seconds": seconds["longspark"],
+                    "plain_new_tokens": tokens["plain"], "longspark_new_tokens": tokens["longspark"],
+                    "plain_tokens_per_s": rate["plain"], "longspark_tokens_per_s": rate["longspark"],
+                    "speedup": rate["longspark"] / rate["plain"],
+                    "tau": (tokens["longspark"] - batch_size) / stats.rounds if stats.rounds else None,
+                    "batch_rounds": stats.batch_rounds,
+                    "greedy_identical": identical,
+                }  # fmt: skip
+                rows.append(row)
+                if progress:
+                    print(f"[{workload}/{mode}] batch {batch_size}: plain {rate['plain']:.1f} tok/s, LongSpark "
+                          f"{rate['longspark']:.1f} tok/s", file=sys.stderr)  # fmt: skip
+    settings = dict(
+        batch_sizes=list(batch_sizes), max_new_tokens=max_new_tokens, modes=list(modes), temperature=temperature,
+        ignore_eos=ignore_eos, repeats=repeats, warmup=warmup, seed=seed, pad_token_id=pad_token_id,
+        dtype=str(next(target.parameters()).dtype),
+        confidence_threshold=drafter.generation_config.assistant_confidence_threshold,
+    )  # fmt: skip
+    return {
+        "benchmark": "batched",
+        "machine": machine_info(device),
+        "settings": settings,
+        "drafter": dict(drafter_info or {"block_size": drafter.config.block_size}),
+        "rows": rows,
+    }
+
+
+def format_batched(report: Mapping[str, Any]) -> str:
+    """The batched report as a Markdown table, one row per workload, mode and batch size."""
+    lines = [
+        "| workload | mode | batch | prompt tokens | plain tok/s | LongSpark tok/s | speedup | tau "
+        "| greedy identical |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for row in report["rows"]:
+        identical = "-" if row["greedy_identical"] is None else "yes" if row["greedy_identical"] else "NO"
+        tau = "-" if row["tau"] is None else f"{row['tau']:.2f}"
+        lines.append(
+            f"| {row['workload']} | {row['mode']} | {row['batch_size']} | {row['prompt_tokens']} | "
+            f"{row['plain_tokens_per_s']:.1f} | {row['longspark_tokens_per_s']:.1f} | {row['speedup']:.2f}x | {tau} | "
+            f"{identical} |"
+        )
+    machine, settings = report.get("machine", {}), report.get("settings", {})
+    lines += [
+        "",
+        f"Machine: {machine.get('cpu')} ({machine.get('torch_threads')} torch threads), {machine.get('device')}. "
+        f"max_new_tokens={settings.get('max_new_tokens')}, median of {settings.get('repeats')} call(s) per method. "
+        "tok/s: new tokens of all rows (to each row's EOS) per second of one batched `generate`; tau = (new tokens - "
+        "batch) / per-row verification rounds.",
+    ]
+    if report.get("drafter", {}).get("trained") is False:
+        lines.append("**The drafter is RANDOM (untrained): its tau and speedups are not meaningful.**")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["METHODS", "format_batched", "left_pad_batch", "new_token_counts", "run_batched_benchmark"]

@@ -1,0 +1,192 @@
+"""One drafting round for `n` requests, shared by transformers' batch-1 loop (`generation.py`) and the batched loop
+(`batched.py`): read each request's context views from the target cache (`read_draft_context`), then draft its block
+with one drafter forward (`draft_tokens`), applying `generate`'s logits processors as plain `generate` would
+(`process_logits`).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache
+from transformers.generation.logits_process import (
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
+    InfNanRemoveLogitsProcessor,
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    SuppressTokensLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    TypicalLogitsWarper,
+)
+
+from .context_state import DraftContext, LongSparkContextState, gather_columns, last_real_columns
+from .modeling_longspark import LongSparkDrafterModel
+from .targets import read_cache_rows
+
+
+def read_draft_context(
+    drafter: LongSparkDrafterModel,
+    state: LongSparkContextState,
+    cache: Cache,
+    num_columns: int,
+    column_mask: torch.BoolTensor | None = None,
+) -> DraftContext:
+    """Absorbs the cache columns added since the last round into the summary and gathers this round's context views.
+
+    Args:
+        drafter: the drafter (its config and summary queries).
+        state: the requests' persistent state; its `boundary_states` must already be set for this round.
+        cache: the target cache, `num_columns` columns long.
+        column_mask: `(N, num_columns)` bool, True where a column holds a real row of request `n` (False for left
+            padding and rejected drafts). `None`: one request whose columns are all real; its window is then a view of
+            the cache tail (no copy). With a mask, each request's window is gathered from its own last real rows.
+    """
+    config = drafter.config
+    new_rows = num_columns - state.num_absorbed
+    use_summary = config.use_global_summary and not config.full_prefix_context
+    use_window = config.use_recent_window or config.full_prefix_context
+    device = state.boundary_states.device
+    if column_mask is None:
+        window_rows = num_columns if config.full_prefix_context else min(config.window_size, num_columns)
+        rows_to_read = max(new_rows if use_summary else 0, window_rows)
+        window_index = window_mask = new_mask = None
+        positions = torch.tensor([num_columns], device=device)
+    else:
+        positions = column_mask.sum(dim=1)
+        longest = int(positions.max())
+        window_rows = longest if config.full_prefix_context else min(config.window_size, longest)
+        rows_to_read = num_columns
+        window_index, window_mask = last_real_columns(column_mask, window_rows)
+        new_mask = column_mask[:, num_columns - new_rows :]
+    window_keys, window_values = [], []
+    for j, layer_id in enumerate(config.target_layer_ids):
+        keys, values = read_cache_rows(cache, layer_id, rows_to_read)
+        if use_summary and new_rows > 0:
+            queries = drafter.summary_queries[j]
+            state.absorb(j, queries, keys[:, :, -new_rows:], values[:, :, -new_rows:], new_mask)
+        if use_window and window_index is None:
+            window_keys.append(keys[:, :, -window_rows:])
+            window_values.append(values[:, :, -window_rows:])
+        elif use_window:
+            window_keys.append(gather_columns(keys, window_index))
+            window_values.append(gather_columns(values, window_index))
+    state.num_absorbed = num_columns
+    return DraftContext(
+        boundary_states=state.boundary_states,
+        window_keys=window_keys,
+        window_values=window_values,
+        window_mask=window_mask if use_window else None,
+        summary_values=list(state.summaries) if use_summary else [],
+        positions=positions,
+    )
+
+
+# Processors that read the scores alone, never the sequence: applied to all requests at once, whatever their lengths.
+SCORE_ONLY_PROCESSORS = (
+    TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper, TypicalLogitsWarper,
+    EpsilonLogitsWarper, EtaLogitsWarper, InfNanRemoveLogitsProcessor, SuppressTokensLogitsProcessor,
+)  # fmt: skip
+
+
+def process_logits(
+    logits_processor: LogitsProcessorList | None,
+    sequences: torch.LongTensor,
+    rows: torch.LongTensor,
+    lengths: torch.LongTensor,
+    logits: torch.Tensor,
+) -> torch.Tensor:
+    """Applies `generate`'s logits processors to the next-token logits `(n, V)` of `n` requests of a batch.
+
+    Args:
+        sequences: `(batch, S)` every sequence of the batch, finished ones included; request `r` is batch row
+            `rows[r]` and its sequence so far `sequences[rows[r], :lengths[r]]`, as plain `generate` would pass it
+            (left padding included).
+        rows / lengths: `(n,)`; `rows` are distinct.
+
+    A processor sees the whole batch in its order, as in plain `generate`: some keep per-row state (repetition
+    penalty skips each row's left padding). When the requests' lengths differ (a batch whose sequences accepted
+    different numbers of drafts), each length gets its own call, and only the rows of that length are kept from it;
+    processors that read the scores alone (`SCORE_ONLY_PROCESSORS`) run once for all.
+    """
+    if not logits_processor:
+        return logits
+    distinct = lengths.unique()
+    if len(distinct) == 1 and len(rows) == len(sequences):  # the whole batch (rows are distinct), as in `generate`
+        return logits_processor(sequences[:, : int(distinct[0])], logits)
+    for processor in logits_processor:
+        if isinstance(processor, SCORE_ONLY_PROCESSORS):
+            logits = processor(sequences[rows, : int(distinct[0])], logits)
+            continue
+        processed = torch.empty_like(logits)
+        for length in distinct.tolist():
+            group = (lengths == length).nonzero()[:, 0]
+            batch_logits = logits.new_zeros(len(sequences), logits.shape[-1])
+            batch_logits[rows[group]] = logits[group]
+            processed[group] = processor(sequences[:, :length], batch_logits)[rows[group]]
+        logits = processed
+    return logits
+
+
+@torch.no_grad()
+def draft_tokens(
+    drafter: LongSparkDrafterModel,
+    context: DraftContext,
+    sequences: torch.LongTensor,
+    rows: torch.LongTensor,
+    lengths: torch.LongTensor,
+    max_tokens: torch.LongTensor,
+    logits_processor: LogitsProcessorList | None,
+    do_sample: bool,
+    confidence_threshold: float,
+    eos_token_ids: torch.Tensor | None,
+) -> tuple[torch.LongTensor, torch.Tensor, torch.LongTensor]:
+    """One drafter forward over the blocks `[a, MASK, ...]` of `n` requests, then the Markov correction and the
+    logits processors token by token, sampling (or taking the argmax of) exactly the distributions returned.
+
+    A request's block ends after `max_tokens[r]` tokens, at an EOS, and before the first token after the first whose
+    draft probability is below `confidence_threshold` (dynamic block length: unlikely tokens are not worth verifying).
+
+    Args:
+        sequences: `(batch, S)` tokens of the whole batch; request `r`'s are `sequences[rows[r], :lengths[r]]`, the
+            last one its anchor `a`. Its drafts are written in place after them (the processors read them), so
+            `S >= lengths + max_tokens`.
+        rows / lengths / max_tokens: `(n,)` batch row, length and most tokens to draft of each request.
+
+    Returns:
+        `(tokens, logits, num_drafted)`: `(n, k)` drafted tokens, their `(n, k, vocab_size)` processed logits and the
+        `(n,)` number kept per request; columns past `num_drafted[r]` are to be ignored.
+    """
+    device = sequences.device
+    previous = sequences[rows, lengths - 1]
+    masks = previous.new_full((len(rows), drafter.config.block_size - 1), drafter.config.mask_token_id)
+    base_logits = drafter(torch.cat([previous[:, None], masks], dim=1), context).base_logits
+    drafting = max_tokens > 0
+    num_drafted = torch.zeros_like(lengths)
+    drafted_ids, drafted_logits = [], []
+    for i in range(int(max_tokens.max())):
+        drafting &= i < max_tokens
+        if not drafting.any():
+            break
+        logits = drafter.to_target_vocab(base_logits[:, i] + drafter.markov_correction(previous).float())
+        logits = process_logits(logits_processor, sequences, rows, lengths + i, logits)
+        probs = torch.softmax(logits, dim=-1)
+        token = torch.multinomial(probs, num_samples=1)[:, 0] if do_sample else probs.argmax(dim=-1)
+        if i > 0 and confidence_threshold > 0:
+            drafting &= probs.gather(-1, token[:, None])[:, 0] >= confidence_threshold
+        num_drafted += drafting
+        sequences[rows, lengths + i] = token
+        drafted_ids.append(token)
+        drafted_logits.append(logits)
+        # Tokens after an EOS can never be kept, so the block ends there.
+        if eos_token_ids is not None:
+            drafting &= ~torch.isin(token, eos_token_ids.to(device))
+        previous = token
+    if not drafted_ids:
+        vocab_size = drafter.config.vocab_size
+        return sequences.new_zeros(len(rows), 0), base_logits.new_zeros(len(rows), 0, vocab_size), num_drafted
+    return torch.stack(drafted_ids, dim=1), torch.stack(drafted_logits, dim=1), num_drafted
+
+
+__all__ = ["SCORE_ONLY_PROCESSORS", "draft_tokens", "process_logits", "read_draft_context"]
