@@ -35,8 +35,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--base", default="configs/experiments/ablation-base.yaml")
     parser.add_argument("--output", default="runs/ablations")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    parser.add_argument("--eval-args", default="--lengths 4096 8000 --num-files 8 --new-tokens 32 --num-threads 2",
+    parser.add_argument("--eval-args", default="--lengths 4096 --num-files 8 --new-tokens 32 --num-threads 2",
                         help="extra arguments of scripts/eval_long_tau.py")  # fmt: skip
+    parser.add_argument("--reference", action="append", default=[],
+                        help="NAME=FOLDER: another drafter to evaluate, e.g. the shipped one")  # fmt: skip
     args = parser.parse_args(argv)
     output = Path(args.output)
     for name in args.variants:
@@ -54,16 +56,18 @@ def main(argv: list[str] | None = None) -> None:
         subprocess.run([sys.executable, *command], check=True)
 
     drafters = [f"--drafter={name}={output / name / 'final'}" for name in args.variants]
+    drafters += [f"--drafter={reference}" for reference in args.reference]
     result = output / "long_tau.json"
     subprocess.run([sys.executable, "scripts/eval_long_tau.py", *drafters, "--json", str(result), "--check", "0",
                     *args.eval_args.split()], check=True)  # fmt: skip
     rows = json.loads(result.read_text())["tau"]
     print("| variant | training CPU time | " + " | ".join(f"tau at {n}" for n in next(iter(rows.values()))) + " |")
     for name, per_length in rows.items():
-        log = [json.loads(line) for line in (output / name / "log.jsonl").read_text().splitlines()]
-        minutes = sum(r["seconds"] for r in log) / 60
+        log_path = output / name / "log.jsonl"
+        log = [json.loads(line) for line in log_path.read_text().splitlines()] if log_path.exists() else []
+        minutes = f"{sum(r['seconds'] for r in log) / 60:.1f} min" if log else "-"
         cells = [f"{row['tau']:.3f} ({row['rounds']} rounds)" for row in per_length.values()]
-        print(f"| {name} | {minutes:.1f} min | " + " | ".join(cells) + " |")
+        print(f"| {name} | {minutes} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -104,8 +104,9 @@ def _training(training_configs: list[Path]) -> str:
     """The recipe of each training stage; a later stage starts from the drafter the previous one produced."""
     if not training_configs:
         return "See the training configuration shipped with the drafter."
-    keys = ("init_drafter", "train_data", "max_seq_len", "anchors_per_sequence", "gradient_accumulation_steps",
-            "learning_rate", "warmup_ratio", "epochs", "max_steps", "mixed_precision", "drafter")  # fmt: skip
+    keys = ("init_drafter", "train_data", "eval_data", "max_seq_len", "anchors_per_sequence",
+            "gradient_accumulation_steps", "learning_rate", "warmup_ratio", "epochs", "max_steps", "mixed_precision",
+            "drafter")  # fmt: skip
     parts = [
         "Distilled from the frozen target (SPEC section 4: loss `0.1 * CE + 0.9 * ||p - q||_1` with position "
         "weights `exp(-(i-1)/4)`, where `p` is the target's own distribution at every position, so the text need "
@@ -142,7 +143,8 @@ def _training_curve(training_logs: list[Path], tokens_per_sequence: float | None
             token_offset += tokens_of(records[-1]) or 0
     if not rows:
         return ""
-    lines = ["Held-out evaluation during training (greedy tau on held-out prompts; stages are cumulative):", "",
+    lines = ["Held-out evaluation during training (greedy tau on each stage's `eval_data`, so stages with different "
+             "held-out sets do not compare; tokens and sequences are cumulative):", "",
              "| stage | step | sequences | tokens | held-out loss | tau |",
              "|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for stage, r, sequences, tokens in rows:

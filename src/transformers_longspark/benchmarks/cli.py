@@ -222,7 +222,7 @@ def _run_speed(args: argparse.Namespace) -> dict[str, Any]:
     max_positions = target.config.get_text_config().max_position_embeddings
     prompts: dict[str, list[dict[str, Any]]] = {}
     if "short" in args.workloads:
-        num_short = max(args.num_short_prompts, *(args.batch_sizes or []))
+        num_short = max([args.num_short_prompts, *(args.batch_sizes or [])])
         prompts["short"] = short_prompts(tokenizer, num_short, args.held_out)
     if "long" in args.workloads:
         reserve = args.max_new_tokens + drafter.config.block_size + 1
