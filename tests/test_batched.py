@@ -503,3 +503,21 @@ def test_batched_benchmark_command_line(tmp_path, monkeypatch):
     assert [(row["workload"], row["batch_size"]) for row in report["rows"]] == [("short", 1), ("short", 4),
                                                                                 ("long", 1), ("long", 4)]  # fmt: skip
     assert all(row["greedy_identical"] for row in report["rows"])
+
+
+def test_speed_comparison_command_line_without_batch_sizes(monkeypatch):
+    """`longspark bench` without `--batch-sizes` asks for `--num-short-prompts` prompts and runs the comparison."""
+    from types import SimpleNamespace
+
+    from transformers_longspark.benchmarks import cli
+
+    target = context_target("qwen3")
+    monkeypatch.setattr(cli, "_load_target", lambda args: (target, SimpleNamespace(pad_token_id=0, eos_token_id=1)))
+    monkeypatch.setattr(cli, "_load_drafter", lambda args, target: (make_drafter(target), {"trained": False}))
+    asked = []
+    monkeypatch.setattr(cli, "short_prompts", lambda tokenizer, n, held_out: asked.append(n) or [])
+    compared = []
+    monkeypatch.setattr(cli, "run_speed_benchmark", lambda *args, **kwargs: compared.append(args) or {"rows": []})
+    monkeypatch.setattr(cli, "format_markdown", lambda result: "")
+    benchmarks.main(["--workloads", "short", "--num-short-prompts", "3"])
+    assert asked == [3] and len(compared) == 1
