@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Regenerates every figure of the README's "Results on this machine" (SmolLM2-135M-Instruct target, shipped drafter,
-# 2 threads) into benchmarks/. About 40 minutes on the 2-core VM; time it on an idle machine (no training running).
+# 2 threads) into benchmarks/. About an hour on the 2-core VM; time it on an idle machine (no training running).
 #
-# Usage: bash scripts/cpu_benchmarks.sh [verify|drafting|long|short|profile|memory ...]   (default: all)
+# Usage: bash scripts/cpu_benchmarks.sh [verify|drafting|long|short|batched|profile|memory ...]   (default: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=benchmarks
 threads=(--num-threads 2)
-parts=("${@:-verify drafting long short profile memory}")
+methods=(--methods prompt_lookup prompt_lookup_fast longspark full_prefix)
+parts=("${@:-verify drafting long short batched profile memory}")
 for part in ${parts[*]}; do
   case $part in
     verify)  # cached target forward of k tokens after a prefix: stock path vs the fast verification path
@@ -16,12 +17,15 @@ for part in ${parts[*]}; do
     drafting)  # one drafting round vs prefix, LongSpark vs full prefix, real prefixes to 8K, synthetic to 128K
       longspark bench drafting-cost "${threads[@]}" --rounds 30 --json $out/drafting_cost.json \
           --plot $out/drafting_cost.png --markdown $out/drafting_cost.md ;;
-    long)  # long-code continuation at 4K and 8K, every method before and after, side by side
-      longspark bench --workloads long --num-long-prompts 2 --long-lengths 4096 8192 --max-new-tokens 64 \
-          "${threads[@]}" --json $out/speed_long.json --markdown $out/speed_long.md ;;
+    long)  # long-code continuation of held-out stdlib files at 4K and 8K, side by side
+      longspark bench --workloads long --num-long-prompts 4 --long-lengths 4096 8192 --max-new-tokens 64 \
+          "${methods[@]}" "${threads[@]}" --json $out/speed_long.json --markdown $out/speed_long.md ;;
     short)  # held-out chat, maths and code prompts
-      longspark bench --workloads short --num-short-prompts 6 --max-new-tokens 96 "${threads[@]}" \
+      longspark bench --workloads short --num-short-prompts 6 --max-new-tokens 96 "${methods[@]}" "${threads[@]}" \
           --json $out/speed_short.json --markdown $out/speed_short.md ;;
+    batched)  # plain batched generate vs LongSpark batched at batch 1, 2, 4, 8
+      longspark bench --batch-sizes 1 2 4 8 --repeats 1 --max-new-tokens 64 --long-lengths 1024 2048 \
+          "${threads[@]}" --json $out/batched.json --markdown $out/batched.md ;;
     profile)  # per-op cost of a drafting round at 512 and 8K
       python scripts/profile_drafting.py --prefix-lengths 512 8192 --rounds 40 "${threads[@]}" \
           | tee $out/drafting_profile.txt ;;
