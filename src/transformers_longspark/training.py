@@ -26,6 +26,7 @@ from .distillation import Sequence, regenerate_hint, sample_anchors, sequence_lo
 from .files import check_fields, looks_like_hub_id, read_yaml, require_path
 from .loading import load_target
 from .modeling_longspark import LongSparkDrafterModel
+from .prompt_sources import interleave
 from .targets import check_target_compatible
 
 logger = logging.getLogger(__name__)
@@ -162,9 +163,7 @@ class Trainer:
         if config.eval_data:
             # Round-robin over the eval sources, so that every source is evaluated.
             per_source = DataMixture(data_sources(config.eval_data), tokenizer, config.max_seq_len).sequences
-            longest = max(len(sequences) for sequences in per_source)
-            interleaved = [s[i] for i in range(longest) for s in per_source if i < len(s)]
-            self.eval_sequences = interleaved[: config.eval_sequences]
+            self.eval_sequences = interleave(*per_source)[: config.eval_sequences]
         drafter = build_drafter(config, target, self.train_sequences)
         optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.learning_rate,
                                       weight_decay=config.weight_decay, betas=(0.9, 0.95))  # fmt: skip
