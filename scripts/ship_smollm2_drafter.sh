@@ -24,4 +24,5 @@ longspark card "$card" --benchmark benchmarks/speed_short.json benchmarks/speed_
     --training-config configs/smollm2-135m-cpu.yaml configs/smollm2-135m-cpu-continue.yaml \
     configs/smollm2-135m-cpu-corpora.yaml \
     --training-log benchmarks/smollm2-training-log.jsonl benchmarks/smollm2-training-log-stage2.jsonl \
-    benchmarks/smollm2-training-log-stage3.jsonl --tokens-per-sequence 291.1
+    benchmarks/smollm2-training-log-stage3.jsonl --tokens-per-sequence 291.1 \
+    --notes model_cards/longspark-smollm2-135m-instruct-limits.md

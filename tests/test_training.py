@@ -209,6 +209,9 @@ def test_model_card_from_a_benchmark_report(tmp_path):
     card = write_model_card(tmp_path / "drafter", [tmp_path / "bench.json", tmp_path / "long.json"]).read_text()
     assert card.index("prompt lookup (fast) | 2.00 | 9.0 | 1.10x | 1.50x") < card.index("| 1.50 | 8.0 | 1.05x | 0.90x")
     assert "slower than plain generation in: long greedy 0.90x" in card and "--workloads long" in card
+    (tmp_path / "limits.md").write_text("Short prompts need tau 1.9.\n")
+    card = write_model_card(tmp_path / "drafter", tmp_path / "bench.json", notes=tmp_path / "limits.md").read_text()
+    assert "## Limits\n\nShort prompts need tau 1.9.\n" in card and "## Limits" not in card.split("## Measured")[0]
 
     # Two stages: the second continues the first, so its sequences and tokens are counted after the first's.
     log2 = tmp_path / "log2.jsonl"

@@ -48,13 +48,14 @@ def _add_card_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--training-log", type=Path, nargs="+",
                         help="the trainer's log.jsonl, one per stage: adds the held-out tau curve")
     parser.add_argument("--tokens-per-sequence", type=float, help="mean training sequence length, for the curve")
+    parser.add_argument("--notes", type=Path, help="a Markdown file added as the card's Limits section")
 
 
 def _run_card(args: argparse.Namespace) -> None:
     from .model_card import write_model_card
 
     path = write_model_card(args.drafter_dir, args.benchmark, args.training_config, args.base_model, args.repo_id,
-                            args.training_log, args.tokens_per_sequence)  # fmt: skip
+                            args.training_log, args.tokens_per_sequence, args.notes)  # fmt: skip
     print(f"Wrote {path}")
 
 

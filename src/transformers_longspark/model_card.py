@@ -54,7 +54,7 @@ Measured with:
 {training}
 
 {curve}
-
+{notes}
 The checkpoint holds only the drafter's own weights ({num_parameters:,} parameters); the target's embedding, final
 norm and LM head are borrowed at run time.
 """
@@ -154,6 +154,10 @@ def _training_curve(training_logs: list[Path], tokens_per_sequence: float | None
     return "\n".join(lines)
 
 
+def _read_notes(path: str | Path) -> str:
+    return require_path(path, "Model card notes", "pass a Markdown file.").read_text(encoding="utf-8")
+
+
 def _speed_report(path: Path) -> dict[str, Any]:
     require_path(path, "Benchmark report", f"write it with `longspark bench --json {path}`.")
     report = read_json(path, "Benchmark report")
@@ -181,11 +185,13 @@ def write_model_card(
     repo_id: str | None = None,
     training_log: str | Path | list[str | Path] | None = None,
     tokens_per_sequence: float | None = None,
+    notes: str | Path | None = None,
 ) -> Path:
     """Writes `drafter_dir/README.md` (YAML metadata, usage, measured tau and speedup, recipe) from speed reports.
 
     `benchmark_json` may list several reports (e.g. short and long prompts); `training_config` / `training_log` may
-    list several stages (each continuing the previous one's drafter)."""
+    list several stages (each continuing the previous one's drafter); `notes` is a Markdown file added as the card's
+    "Limits" section."""
     drafter_dir = _require_drafter_dir(drafter_dir)
     reports = [_speed_report(path) for path in _as_list(benchmark_json)]
     for path in _as_list(training_config):
@@ -220,6 +226,7 @@ def write_model_card(
                     "(its draft vocabulary); the others get draft probability 0, which keeps outputs exact.")
         if config.draft_vocab_size else "",
         num_parameters=num_parameters,
+        notes=f"\n## Limits\n\n{_read_notes(notes).strip()}\n" if notes else "",
     )
     path = drafter_dir / "README.md"
     path.write_text(card)
