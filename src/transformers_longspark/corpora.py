@@ -19,6 +19,7 @@ of that). Anchors then cover every position of a packed sequence. Held-out docum
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,25 +176,14 @@ def _record_text(record: Any, text_field: str, tokenizer, where: str) -> str:
 
 
 def _tokenized(texts: Iterable[str], tokenizer, max_tokens: int | None, batch: int = 64) -> Iterator[list[int]]:
-    total, pending = 0, []
-
-    def flush() -> Iterator[list[int]]:
-        nonlocal total
-        for ids in tokenizer(pending, add_special_tokens=False, verbose=False)["input_ids"]:
+    """Token ids of `texts`, tokenized `batch` at a time, until `max_tokens` tokens have been yielded."""
+    total, texts = 0, iter(texts)
+    while chunk := list(itertools.islice(texts, batch)):
+        for ids in tokenizer(chunk, add_special_tokens=False, verbose=False)["input_ids"]:
             if max_tokens is not None and total >= max_tokens:
                 return
             total += len(ids)
             yield ids
-        pending.clear()
-
-    for text in texts:
-        pending.append(text)
-        if len(pending) == batch:
-            yield from flush()
-            if max_tokens is not None and total >= max_tokens:
-                return
-    if pending:
-        yield from flush()
 
 
 class DataMixture:
