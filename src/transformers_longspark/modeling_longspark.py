@@ -163,9 +163,10 @@ class LongSparkDrafterModel(LongSparkPreTrainedModel):
         self.generation_config = GenerationConfig(assistant_confidence_threshold=DEFAULT_CONFIDENCE_THRESHOLD)
         self.post_init()
 
-    def bind_target(self, target: PreTrainedModel) -> None:
-        """Uses `target`'s embedding, final norm, LM head and rotary embedding (frozen, not stored)."""
-        self._target = target_modules(target)
+    def bind_target(self, target: PreTrainedModel | TargetModules) -> None:
+        """Uses `target`'s embedding, final norm, LM head and rotary embedding (frozen, not stored). A serving engine
+        whose target is not a transformers model passes those modules as `TargetModules` (see `vllm/`)."""
+        self._target = target if isinstance(target, TargetModules) else target_modules(target)
         self._bind_output_head()
 
     def _bind_output_head(self) -> None:

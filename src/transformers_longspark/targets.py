@@ -103,7 +103,12 @@ def check_sliding_window(target: PreTrainedModel, layer_ids: list[int], prompt_l
 
 
 def read_cache_rows(cache: Cache, layer_id: int, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The last `num_rows` K/V rows of one target layer, as views `(1, num_kv_heads, num_rows, head_dim)`."""
+    """The last `num_rows` K/V rows of one target layer, as views `(1, num_kv_heads, num_rows, head_dim)`.
+
+    `cache` is a transformers cache, or any object with a `last_rows(layer_id, num_rows)` method returning the same
+    (e.g. `vllm.paged_kv.PagedRequestRows`, one request's rows in vLLM's paged cache)."""
+    if not isinstance(cache, Cache) and hasattr(cache, "last_rows"):
+        return cache.last_rows(layer_id, num_rows)
     layer = cache.layers[layer_id]
     if not isinstance(layer, (DynamicLayer, DynamicSlidingWindowLayer)):
         raise ValueError(
