@@ -78,7 +78,7 @@ class PagedRequestRows:
         if num_rows > self.num_rows:
             raise ValueError(f"Asked for the last {num_rows} rows of a request that has {self.num_rows}.")
         kv_cache, layout = self.kv_caches[layer_id]
-        num_blocks, heads, block_size, twice_head_dim = kv_cache.shape
+        _, heads, block_size, twice_head_dim = kv_cache.shape
         if num_rows == 0:
             empty = kv_cache.new_zeros(1, heads, 0, twice_head_dim // 2, dtype=self.dtype)
             return empty, empty
