@@ -39,8 +39,9 @@ def _cache_dir() -> Path:
     return Path(root) / "smollm2-135m-instruct"
 
 
-def load_smollm2(dtype: torch.dtype = torch.float32):
-    """Returns ``(model, tokenizer)`` for SmolLM2-135M-Instruct, loaded offline (Llama architecture, 30 layers)."""
+def smollm2_dir() -> Path:
+    """A plain model folder (safetensors, fp32, with the tokenizer) of SmolLM2-135M-Instruct, de-quantized from the
+    installed GGUF on first use and cached (``$LONGSPARK_CACHE``); what engines that read no GGUF (vLLM) load."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cached = _cache_dir()
@@ -60,6 +61,14 @@ def load_smollm2(dtype: torch.dtype = torch.float32):
         tokenizer.save_pretrained(tmp)
         if not cached.exists():
             tmp.replace(cached)
+    return cached
+
+
+def load_smollm2(dtype: torch.dtype = torch.float32):
+    """Returns ``(model, tokenizer)`` for SmolLM2-135M-Instruct, loaded offline (Llama architecture, 30 layers)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cached = smollm2_dir()
     tokenizer = AutoTokenizer.from_pretrained(cached)
     model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
     model.eval()

@@ -157,7 +157,8 @@ class LongSparkProposer:
     def _draft(self, request_id: str, num_rows: int, boundary_row: int, anchor: int, block_ids) -> list[int]:
         config = self.drafter.config
         state = self.states.get(request_id)
-        if state is None or state.num_absorbed > num_rows:
+        built = state is None or state.num_absorbed > num_rows
+        if built:
             state = self.states[request_id] = LongSparkContextState(config.num_draft_layers, config.summary_chunk_size)
             self.stats.states_built += 1
         state.boundary_states = torch.cat([h[boundary_row] for h in self.hidden_states])[None].to(self.dtype)
@@ -175,7 +176,7 @@ class LongSparkProposer:
         if self.draft_log:
             with open(self.draft_log, "a") as log:
                 log.write(json.dumps({"request_id": request_id, "num_rows": num_rows, "anchor": anchor,
-                                      "drafts": drafts}) + "\n")  # fmt: skip
+                                      "drafts": drafts, "state_built": built}) + "\n")  # fmt: skip
         return drafts
 
     def _kv_caches(self) -> dict[int, tuple[torch.Tensor, str]]:

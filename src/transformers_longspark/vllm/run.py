@@ -1,0 +1,115 @@
+"""Runs prompts through one vLLM engine (plain, LongSpark or n-gram speculation) and writes outputs and figures.
+
+    python -m transformers_longspark.vllm.run --target DIR --method longspark --drafter DIR \
+        --prompts prompts.json --out result.json [--dtype float32] [--max-tokens 64] [--rounds single concurrent]
+
+`prompts.json` is a list of token-id lists. Each round runs every prompt, `single` one request at a time, `concurrent`
+all at once; greedy unless `--temperature` is set. The result holds each round's output token ids, its wall time
+and generated tokens, vLLM's speculative-decoding counters (drafts, draft tokens, accepted tokens: `tau = 1 +
+accepted / drafts`) and, for LongSpark, the proposer's per-round log (see `LONGSPARK_VLLM_DRAFT_LOG`). The tests and
+`examples/serve_vllm.py` drive it; it must run in the environment where vLLM is installed (`scripts/install_vllm.sh`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .proposer import DRAFT_LOG_ENV, DRAFTER_ENV
+
+SPEC_COUNTERS = {
+    "vllm:spec_decode_num_drafts": "drafts",
+    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "accepted_tokens",
+}
+
+
+def speculative_config(method: str, num_tokens: int) -> dict[str, Any] | None:
+    if method == "plain":
+        return None
+    if method == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": num_tokens, "prompt_lookup_max": 4,
+                "prompt_lookup_min": 2}  # fmt: skip
+    if method == "longspark":
+        return {"method": "custom_class", "model": "transformers_longspark.vllm.LongSparkProposer",
+                "num_speculative_tokens": num_tokens}  # fmt: skip
+    raise ValueError(f"Unknown method {method!r}; choose plain, longspark or ngram.")
+
+
+def spec_counters(llm) -> dict[str, float]:
+    counts = dict.fromkeys(SPEC_COUNTERS.values(), 0.0)
+    for metric in llm.get_metrics():
+        if metric.name in SPEC_COUNTERS:
+            counts[SPEC_COUNTERS[metric.name]] += float(getattr(metric, "value", 0.0))
+    return counts
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    if args.method == "longspark":
+        os.environ[DRAFTER_ENV] = str(Path(args.drafter).resolve())
+        log = Path(tempfile.mkdtemp()) / "drafts.jsonl"
+        os.environ[DRAFT_LOG_ENV] = str(log)
+    engine_args = dict(
+        model=args.target, dtype=args.dtype, enforce_eager=True, seed=0, max_model_len=args.max_model_len,
+        speculative_config=speculative_config(args.method, args.num_speculative_tokens), disable_log_stats=False,
+        max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory_bytes=args.kv_cache_bytes,
+    )  # fmt: skip
+    start = time.perf_counter()
+    llm = LLM(**{k: v for k, v in engine_args.items() if v is not None})
+    result: dict[str, Any] = {"method": args.method, "dtype": args.dtype, "engine_seconds": time.perf_counter() - start}
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in json.loads(Path(args.prompts).read_text())]
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos,
+                            seed=0 if args.temperature else None)  # fmt: skip
+    llm.generate(prompts[:1], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+    result["rounds"] = {}
+    for name in args.rounds:
+        before = spec_counters(llm)
+        start = time.perf_counter()
+        if name == "single":
+            outputs = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]
+        else:
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+        seconds = time.perf_counter() - start
+        after = spec_counters(llm)
+        token_ids = [list(o.outputs[0].token_ids) for o in outputs]
+        result["rounds"][name] = {
+            "token_ids": token_ids, "seconds": seconds, "new_tokens": sum(map(len, token_ids)),
+            "request_ids": [o.request_id for o in outputs], **{k: after[k] - before[k] for k in after},
+        }  # fmt: skip
+    if args.method == "longspark" and log.exists():
+        result["draft_log"] = [json.loads(line) for line in log.read_text().splitlines()]
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", required=True, help="target model folder (safetensors)")
+    parser.add_argument("--method", choices=["plain", "longspark", "ngram"], required=True)
+    parser.add_argument("--drafter", help="LongSpark drafter folder (with --method longspark)")
+    parser.add_argument("--prompts", required=True, help="JSON list of token-id lists")
+    parser.add_argument("--out", required=True, help="result JSON")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--ignore-eos", action="store_true")
+    parser.add_argument("--rounds", nargs="+", default=["concurrent"], choices=["single", "concurrent"])
+    parser.add_argument("--num-speculative-tokens", type=int, default=7)
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--max-num-batched-tokens", type=int, help="prefill chunk budget per step")
+    parser.add_argument("--kv-cache-bytes", type=int, help="KV-cache size (small values force preemption)")
+    args = parser.parse_args(argv)
+    if args.method == "longspark" and not args.drafter:
+        parser.error("--method longspark needs --drafter DIR")
+    Path(args.out).write_text(json.dumps(run(args)))
+
+
+if __name__ == "__main__":
+    main()
