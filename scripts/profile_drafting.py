@@ -24,7 +24,7 @@ def profile_rounds(target, drafter, input_ids: torch.Tensor, rounds: int) -> tup
     length = input_ids.shape[1] - 1
     block = drafter.config.block_size
     gen = LongSparkCandidateGenerator(target, drafter, input_ids, GenerationConfig(max_length=length + 2 * block), None)
-    gen.confidence_threshold = 0.0
+    gen.token_threshold = gen.block_threshold = 0.0
     cache = prefill(target, input_ids[:, :length])
     gen.capture.remove()
 

@@ -154,12 +154,13 @@ def test_drafter_variants_stay_exact(overrides):
     assert torch.equal(reference, assisted)
 
 
-@pytest.mark.parametrize("threshold", [0.0, 0.5, 1.0])
-def test_confidence_threshold_and_draft_vocabulary_stay_exact(threshold):
+@pytest.mark.parametrize("thresholds", [(0.0, 0.0), (0.5, 0.0), (1.0, 0.0), (0.0, 0.4)])
+def test_confidence_thresholds_and_draft_vocabulary_stay_exact(thresholds):
     target = context_target("llama")
     drafter = make_oracle_drafter(target, strength=20.0, window_size=WINDOW, block_size=BLOCK)
     drafter = drafter.with_draft_vocab(torch.arange(0, VOCAB, 2)).eval()
-    drafter.generation_config.assistant_confidence_threshold = threshold
+    drafter.generation_config.assistant_confidence_threshold = thresholds[0]
+    drafter.generation_config.block_confidence_threshold = thresholds[1]
     reference, assisted = greedy_pair(target, drafter, *left_padded(LENGTHS[5], seed=6), max_new_tokens=25)
     assert torch.equal(reference, assisted)
 

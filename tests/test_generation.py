@@ -181,10 +181,12 @@ def sampling_setup():
     return target, drafter, prompt, exact_law(target, prompt)
 
 
-@pytest.mark.parametrize("threshold", [0.0, 0.4], ids=["whole-blocks", "confidence-cut"])
-def test_sampling_matches_the_exact_target_law(sampling_setup, threshold, monkeypatch):
+@pytest.mark.parametrize("thresholds", [(0.0, 0.0), (0.4, 0.0), (0.0, 0.5)],
+                         ids=["whole-blocks", "confidence-cut", "block-confidence-cut"])  # fmt: skip
+def test_sampling_matches_the_exact_target_law(sampling_setup, thresholds, monkeypatch):
     target, drafter, prompt, law = sampling_setup
-    monkeypatch.setattr(drafter.generation_config, "assistant_confidence_threshold", threshold)
+    monkeypatch.setattr(drafter.generation_config, "assistant_confidence_threshold", thresholds[0])
+    monkeypatch.setattr(drafter.generation_config, "block_confidence_threshold", thresholds[1], raising=False)
     counts = sampled_counts(target, drafter, prompt)
     assert drafter.drafting_stats.drafted_tokens > 0
     assert chi_square_pvalue(counts, law) > 1e-3
@@ -251,6 +253,35 @@ def test_confidence_threshold_ends_blocks_early_and_stays_exact(target_kind, thr
         assert len(probs) == (1 if threshold == 1.0 else allowed if threshold == 0.0 else len(probs))
     if threshold == 0.5:  # some blocks are cut, and some keep more than their first token
         assert any(len(p) < allowed for allowed, p in rounds) and any(len(p) > 1 for _, p in rounds)
+
+
+@pytest.mark.parametrize("threshold", [0.2, 0.4])
+def test_block_confidence_threshold_cuts_where_the_block_probability_falls(target_kind, threshold, monkeypatch):
+    """`block_confidence_threshold` ends a block before the first token (after the first) at which the product of
+    the block's draft probabilities falls below it; outputs stay exact."""
+    from transformers_longspark import generation
+
+    blocks = []  # (block probability after each drafted token, tokens kept, tokens drafted)
+    original = generation.draft_tokens
+
+    def spy(*args, **kwargs):
+        tokens, logits, num_drafted = original(*args, **kwargs)
+        probs = logits[0].softmax(-1)[torch.arange(tokens.shape[1]), tokens[0]]
+        blocks.append((probs.cumprod(0), int(num_drafted[0]), tokens.shape[1]))
+        return tokens, logits, num_drafted
+
+    monkeypatch.setattr(generation, "draft_tokens", spy)
+    target = make_bigram_target(target_kind, vocab_size=64, seed=2)
+    drafter = make_oracle_drafter(target, strength=20.0, window_size=WINDOW, block_size=BLOCK)  # q of 0.2 to 0.9
+    drafter.generation_config.assistant_confidence_threshold = 0.0
+    drafter.generation_config.block_confidence_threshold = threshold
+    prompt = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(3))
+    reference, assisted = greedy_pair(target, drafter, prompt, max_new_tokens=30)
+    assert torch.equal(reference, assisted)
+    for block_probability, kept, drafted in blocks:
+        below = [i for i in range(1, drafted) if block_probability[i] < threshold]
+        assert kept == (below[0] if below else drafted)
+    assert any(kept < drafted for _, kept, drafted in blocks) and any(kept > 1 for _, kept, _ in blocks)
 
 
 def test_confidence_threshold_is_saved_with_the_drafter(tmp_path):

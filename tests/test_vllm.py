@@ -186,7 +186,7 @@ def served(tmp_path_factory):
         "prompts": prompts, "target": target, "tokenizer": tokenizer,
         "plain": run_vllm(tmp, "plain", method="plain", rounds=both, max_num_batched_tokens=512, **common),
         "longspark": run_vllm(tmp, "longspark", rounds=both, max_num_batched_tokens=512, **longspark, **common),
-        "plain_bf16": run_vllm(tmp, "plain_bf16", method="plain", dtype="bfloat16", **common),
+        "plain_bf16": run_vllm(tmp, "plain_bf16", method="plain", dtype="bfloat16", logprobs=5, **common),
         "longspark_bf16": run_vllm(tmp, "longspark_bf16", dtype="bfloat16", **longspark, **common),
         "crowded_plain": run_vllm(tmp, "crowded_plain", method="plain", **crowded_options),
         "crowded": run_vllm(tmp, "crowded", kv_cache_bytes=small_cache, max_model_len=512, **longspark,
@@ -202,12 +202,29 @@ def test_vllm_longspark_greedy_equals_plain_vllm(served, rounds):
     assert speculative["accepted_tokens"] > 0  # the drafts were verified, and some kept
 
 
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+
+
 @requires_vllm
-def test_vllm_longspark_bf16_equals_plain_vllm(served):
-    """bf16 serving keeps its KV cache in the AMX tile layout on this CPU."""
+def test_vllm_longspark_bf16_parts_from_plain_vllm_only_at_ties(served):
+    """bf16 serving (the KV cache in the AMX tile layout here). The proposer only chooses which tokens vLLM verifies,
+    but vLLM's bf16 forward over a verified block and its one-token decode step round differently (plain vLLM's own
+    one-at-a-time and all-at-once runs differ too), so greedy outputs may part where the target's best tokens are
+    within rounding: bf16 logits near 20 move in steps of 1/8. Up to there they are identical, and the token taken
+    there is one of plain vLLM's top 5, within 0.25 nats of its best. Drafting from a wrongly read cache would show
+    as acceptance: it must stay within 20% of the fp32 run's."""
     plain, speculative = served["plain_bf16"]["rounds"]["concurrent"], served["longspark_bf16"]["rounds"]["concurrent"]
-    assert speculative["token_ids"] == plain["token_ids"]
-    assert speculative["accepted_tokens"] > 0
+    fp32 = served["longspark"]["rounds"]["concurrent"]
+    acceptance = speculative["accepted_tokens"] / speculative["drafts"]
+    assert acceptance >= 0.8 * fp32["accepted_tokens"] / fp32["drafts"] > 0
+    for request, (plain_ids, speculative_ids) in enumerate(zip(plain["token_ids"], speculative["token_ids"])):
+        position = first_difference(plain_ids, speculative_ids)
+        if position is None:
+            continue
+        top = dict(plain["top_logprobs"][request][position])
+        taken = speculative_ids[position]
+        assert taken in top and max(top.values()) - top[taken] < 0.25, (request, position, top, taken)
 
 
 @requires_vllm
@@ -230,8 +247,8 @@ def test_vllm_drafts_equal_the_transformers_path(served):
     drafter, _ = load_drafter(target)
     single = served["longspark"]["rounds"]["single"]
     log: dict[str, list[dict]] = {}
-    for entry in served["longspark"]["draft_log"]:
-        log.setdefault(entry["request_id"], []).append(entry)
+    for entry in served["longspark"]["draft_log"]:  # vLLM's internal ids are "<request id>-<random suffix>"
+        log.setdefault(entry["request_id"].rsplit("-", 1)[0], []).append(entry)
     recorded: list[tuple[int, list[int]]] = []
     original = LongSparkCandidateGenerator.propose
 

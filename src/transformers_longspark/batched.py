@@ -35,7 +35,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .context_state import LongSparkContextState, gather_columns, last_real_columns
-from .drafting import draft_tokens, process_logits, read_draft_context
+from .drafting import draft_tokens, drafting_thresholds, process_logits, read_draft_context
 from .generation import DraftingStats
 from .modeling_longspark import LongSparkDrafterModel
 from .targets import HiddenStateCapture, check_sliding_window, check_target_compatible
@@ -183,7 +183,7 @@ class BatchedSpeculativeDecoder:
         pad = getattr(generation_config, "_pad_token_tensor", None)
         self.pad_token_id = int(pad) if pad is not None else 0  # no pad: every sequence reaches max_length
         self.max_length = generation_config.max_length
-        self.confidence_threshold = drafter.generation_config.assistant_confidence_threshold or 0.0
+        self.token_threshold, self.block_threshold = drafting_thresholds(drafter)
         self.capture = HiddenStateCapture(drafter.target.layers, config.target_layer_ids, keep=config.block_size + 1)
         self.state = LongSparkContextState(config.num_draft_layers, config.summary_chunk_size)
         self.stats = drafter.drafting_stats = DraftingStats()
@@ -236,7 +236,7 @@ class BatchedSpeculativeDecoder:
         max_tokens = (self.max_length - self.lengths - 1).clamp(min=0, max=self.block_size)
         drafted, draft_logits, num_drafted = draft_tokens(
             self.drafter, context, self.sequences, self.row_ids, self.lengths, max_tokens, self.logits_processor,
-            self.do_sample, self.confidence_threshold, self.eos_token_ids,
+            self.do_sample, self.token_threshold, self.eos_token_ids, self.block_threshold,
         )  # fmt: skip
         self.stats.context_update_seconds += drafting - start
         self.stats.proposal_seconds += time.perf_counter() - drafting

@@ -83,6 +83,13 @@ def read_draft_context(
     )
 
 
+def drafting_thresholds(drafter: LongSparkDrafterModel) -> tuple[float, float]:
+    """`(token, block)` confidence thresholds of the drafter's generation config (see `draft_tokens`): transformers'
+    `assistant_confidence_threshold`, and LongSpark's `block_confidence_threshold` (0 where unset)."""
+    config = drafter.generation_config
+    return config.assistant_confidence_threshold or 0.0, getattr(config, "block_confidence_threshold", 0.0) or 0.0
+
+
 # Processors that read the scores alone, never the sequence: applied to all requests at once, whatever their lengths.
 SCORE_ONLY_PROCESSORS = (
     TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper, TypicalLogitsWarper,
@@ -141,12 +148,15 @@ def draft_tokens(
     do_sample: bool,
     confidence_threshold: float,
     eos_token_ids: torch.Tensor | None,
+    block_confidence_threshold: float = 0.0,
 ) -> tuple[torch.LongTensor, torch.Tensor, torch.LongTensor]:
     """One drafter forward over the blocks `[a, MASK, ...]` of `n` requests, then the Markov correction and the
     logits processors token by token, sampling (or taking the argmax of) exactly the distributions returned.
 
     A request's block ends after `max_tokens[r]` tokens, at an EOS, and before the first token after the first whose
-    draft probability is below `confidence_threshold` (dynamic block length: unlikely tokens are not worth verifying).
+    draft probability is below `confidence_threshold`, or at which the product of the block's draft probabilities
+    (an estimate of the chance that the whole block so far is accepted) falls below `block_confidence_threshold`
+    (dynamic block length: each verified token costs a share of a target step, which unlikely tokens do not repay).
 
     Args:
         sequences: `(batch, S)` tokens of the whole batch; request `r`'s are `sequences[rows[r], :lengths[r]]`, the
@@ -162,19 +172,28 @@ def draft_tokens(
     previous = sequences[rows, lengths - 1]
     masks = previous.new_full((len(rows), drafter.config.block_size - 1), drafter.config.mask_token_id)
     base_logits = drafter(torch.cat([previous[:, None], masks], dim=1), context).base_logits
+    # Without processors, tokens are chosen among the draft vocabulary's own logits: every other token is -inf in the
+    # target vocabulary, so the distribution is the same, at a fraction of the cost; target-vocabulary logits are
+    # built once at the end. Processors read target-vocabulary logits (and the sequence), so they get them per token.
+    in_draft_vocab = not logits_processor
     drafting = max_tokens > 0
     num_drafted = torch.zeros_like(lengths)
     drafted_ids, drafted_logits = [], []
+    block_probability = torch.ones(len(rows), device=device)  # the product of the block's draft probabilities so far
     for i in range(int(max_tokens.max())):
         drafting &= i < max_tokens
         if not drafting.any():
             break
-        logits = drafter.to_target_vocab(base_logits[:, i] + drafter.markov_correction(previous).float())
-        logits = process_logits(logits_processor, sequences, rows, lengths + i, logits)
+        logits = base_logits[:, i] + drafter.markov_correction(previous).float()
+        if not in_draft_vocab:
+            logits = process_logits(logits_processor, sequences, rows, lengths + i, drafter.to_target_vocab(logits))
         probs = torch.softmax(logits, dim=-1)
-        token = torch.multinomial(probs, num_samples=1)[:, 0] if do_sample else probs.argmax(dim=-1)
-        if i > 0 and confidence_threshold > 0:
-            drafting &= probs.gather(-1, token[:, None])[:, 0] >= confidence_threshold
+        choice = torch.multinomial(probs, num_samples=1)[:, 0] if do_sample else probs.argmax(dim=-1)
+        token = drafter.to_target_ids(choice) if in_draft_vocab else choice
+        probability = probs.gather(-1, choice[:, None])[:, 0]
+        block_probability = block_probability * probability
+        if i > 0:
+            drafting &= (probability >= confidence_threshold) & (block_probability >= block_confidence_threshold)
         num_drafted += drafting
         sequences[rows, lengths + i] = token
         drafted_ids.append(token)
@@ -186,7 +205,8 @@ def draft_tokens(
     if not drafted_ids:
         vocab_size = drafter.config.vocab_size
         return sequences.new_zeros(len(rows), 0), base_logits.new_zeros(len(rows), 0, vocab_size), num_drafted
-    return torch.stack(drafted_ids, dim=1), torch.stack(drafted_logits, dim=1), num_drafted
+    logits = torch.stack(drafted_logits, dim=1)
+    return torch.stack(drafted_ids, dim=1), drafter.to_target_vocab(logits) if in_draft_vocab else logits, num_drafted
 
 
-__all__ = ["SCORE_ONLY_PROCESSORS", "draft_tokens", "process_logits", "read_draft_context"]
+__all__ = ["SCORE_ONLY_PROCESSORS", "draft_tokens", "drafting_thresholds", "process_logits", "read_draft_context"]

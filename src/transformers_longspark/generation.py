@@ -25,7 +25,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.utils import GenerationMixin
 
 from .context_state import DraftContext, LongSparkContextState
-from .drafting import draft_tokens, read_draft_context
+from .drafting import draft_tokens, drafting_thresholds, read_draft_context
 from .modeling_longspark import LongSparkDrafterModel
 from .targets import HiddenStateCapture, check_sliding_window, check_target_compatible
 from .verification import fast_verification
@@ -88,7 +88,7 @@ class LongSparkCandidateGenerator(CandidateGenerator):
         self.logits_processor = logits_processor if logits_processor else None
         self.eos_token_ids = getattr(generation_config, "_eos_token_tensor", None)
         self.max_length = generation_config.max_length
-        self.confidence_threshold = drafter.generation_config.assistant_confidence_threshold or 0.0
+        self.token_threshold, self.block_threshold = drafting_thresholds(drafter)
         self.boundary_from_prefill = True
         self.stats = drafter.drafting_stats = DraftingStats()
 
@@ -142,14 +142,13 @@ class LongSparkCandidateGenerator(CandidateGenerator):
     ) -> tuple[torch.LongTensor, torch.Tensor]:
         """Drafts up to `num_tokens` tokens; returns them appended to `input_ids` and their `(1, k, V)` logits.
 
-        The block ends early at an EOS, and before the first token after the first whose draft probability is below
-        `assistant_confidence_threshold` (dynamic block length: unlikely tokens are not worth verifying)."""
+        The block ends early at an EOS, and where the drafter's confidence thresholds end it (`draft_tokens`)."""
         sequences = torch.cat([input_ids, input_ids.new_zeros(1, num_tokens)], dim=1)  # room for the drafts
         rows = torch.zeros(1, dtype=torch.long, device=input_ids.device)
         lengths, max_tokens = rows + input_ids.shape[1], rows + num_tokens
         tokens, logits, num_drafted = draft_tokens(
             self.drafter, context, sequences, rows, lengths, max_tokens, self.logits_processor, self.do_sample,
-            self.confidence_threshold, self.eos_token_ids,
+            self.token_threshold, self.eos_token_ids, self.block_threshold,
         )  # fmt: skip
         num_drafted = int(num_drafted[0])
         return torch.cat([input_ids, tokens[:, :num_drafted]], dim=1), logits[:, :num_drafted]

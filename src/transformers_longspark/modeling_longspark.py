@@ -159,7 +159,9 @@ class LongSparkDrafterModel(LongSparkPreTrainedModel):
         # own attention and cache (the stock path, for comparison).
         self.fast_verification = True
         # Read by the generate hook as transformers reads an assistant's: `assistant_confidence_threshold` ends a block
-        # at the first drafted token (after the first) whose draft probability is below it. Saved with the weights.
+        # at the first drafted token (after the first) whose draft probability is below it, and LongSpark's own
+        # `block_confidence_threshold` (unset: 0) where the product of the block's draft probabilities falls below it
+        # (for machines where each verified token costs a share of a step, e.g. a CPU). Saved with the weights.
         self.generation_config = GenerationConfig(assistant_confidence_threshold=DEFAULT_CONFIDENCE_THRESHOLD)
         self.post_init()
 
@@ -220,6 +222,12 @@ class LongSparkDrafterModel(LongSparkPreTrainedModel):
             return logits
         full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
         return full.index_copy_(-1, self.draft_vocab.to(logits.device), logits)
+
+    def to_target_ids(self, columns: torch.LongTensor) -> torch.LongTensor:
+        """Target token id of each column of the drafter's logits (the inverse of `draft_indices`)."""
+        if self.config.draft_vocab_size is None:
+            return columns
+        return self.draft_vocab.to(columns.device)[columns]
 
     def draft_indices(self, token_ids: torch.LongTensor) -> torch.LongTensor:
         """Column of each target token id in the drafter's logits, `-1` for tokens outside its draft vocabulary."""

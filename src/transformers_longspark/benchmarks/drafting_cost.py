@@ -78,7 +78,7 @@ def _generators(target, drafters, input_ids) -> dict[str, LongSparkCandidateGene
     gens = {name: LongSparkCandidateGenerator(target, drafter, input_ids, generation_config, None)
             for name, drafter in drafters.items()}  # fmt: skip
     for gen in gens.values():
-        gen.confidence_threshold = 0.0  # a dynamic block length would time fewer tokens than `B`
+        gen.token_threshold = gen.block_threshold = 0.0  # a dynamic block length would time fewer tokens than `B`
     return gens
 
 

@@ -46,12 +46,13 @@ METHOD_LABELS = {
 # Which methods run in which decoding mode by default (the full-prefix baseline is measured greedily).
 DEFAULT_METHODS = {"greedy": METHODS, "sampled": tuple(m for m in METHODS if m != "full_prefix")}
 # Drafter methods and what each changes on the drafter for its runs: the verification path, and whole blocks
-# (`assistant_confidence_threshold = 0`) instead of the drafter's own threshold. "Stock verification" is the path
-# before both changes.
+# (both confidence thresholds 0) instead of the drafter's own thresholds. "Stock verification" is the path before
+# both changes.
+WHOLE_BLOCKS = {"assistant_confidence_threshold": 0.0, "block_confidence_threshold": 0.0}
 DRAFTER_METHODS = {
     "longspark": {},
-    "longspark_whole_blocks": {"assistant_confidence_threshold": 0.0},
-    "longspark_stock_verify": {"fast_verification": False, "assistant_confidence_threshold": 0.0},
+    "longspark_whole_blocks": WHOLE_BLOCKS,
+    "longspark_stock_verify": {"fast_verification": False, **WHOLE_BLOCKS},
     "full_prefix": {},
 }
 
@@ -134,13 +135,17 @@ def _verification_path(target: PreTrainedModel, method: str, kwargs: dict[str, A
     elif method in DRAFTER_METHODS:
         drafter, settings = kwargs["assistant_model"], DRAFTER_METHODS[method]
         generation_config = drafter.generation_config
-        previous = drafter.fast_verification, generation_config.assistant_confidence_threshold
+        previous = {name: getattr(generation_config, name, None) for name in WHOLE_BLOCKS}
+        previous_fast = drafter.fast_verification
         drafter.fast_verification = settings.get("fast_verification", True)
-        generation_config.assistant_confidence_threshold = settings.get("assistant_confidence_threshold", previous[1])
+        for name in WHOLE_BLOCKS:
+            setattr(generation_config, name, settings.get(name, previous[name]))
         try:
             yield
         finally:
-            drafter.fast_verification, generation_config.assistant_confidence_threshold = previous
+            drafter.fast_verification = previous_fast
+            for name, value in previous.items():
+                setattr(generation_config, name, value)
     else:
         yield
 

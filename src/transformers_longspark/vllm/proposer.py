@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from ..context_state import LongSparkContextState
-from ..drafting import draft_tokens, read_draft_context
+from ..drafting import draft_tokens, drafting_thresholds, read_draft_context
 from ..modeling_longspark import LongSparkDrafterModel
 from ..targets import TargetModules, check_target_compatible
 from .paged_kv import SUPPORTED_LAYOUTS, PagedRequestRows
@@ -96,7 +96,7 @@ class LongSparkProposer:
         _check_eager(vllm_config)
         self.vllm_config = vllm_config
         self.layer_ids = list(config.target_layer_ids)
-        self.confidence_threshold = self.drafter.generation_config.assistant_confidence_threshold or 0.0
+        self.token_threshold, self.block_threshold = drafting_thresholds(self.drafter)
         eos = getattr(self.hf_config, "eos_token_id", None)
         eos = [eos] if isinstance(eos, int) else list(eos or [])
         self.eos_token_ids = torch.tensor(eos, dtype=torch.long) if eos else None
@@ -168,7 +168,7 @@ class LongSparkProposer:
         index = torch.zeros(1, dtype=torch.long)
         tokens, _, num_drafted = draft_tokens(
             self.drafter, context, sequence, index, index + 1, index + self.num_tokens, None, False,
-            self.confidence_threshold, self.eos_token_ids,
+            self.token_threshold, self.eos_token_ids, self.block_threshold,
         )  # fmt: skip
         drafts = tokens[0, : int(num_drafted[0])].tolist()
         self.stats.rounds += 1

@@ -6,8 +6,9 @@
 `prompts.json` is a list of token-id lists. Each round runs every prompt, `single` one request at a time, `concurrent`
 all at once; greedy unless `--temperature` is set. The result holds each round's output token ids, its wall time
 and generated tokens, vLLM's speculative-decoding counters (drafts, draft tokens, accepted tokens: `tau = 1 +
-accepted / drafts`) and, for LongSpark, the proposer's per-round log (see `LONGSPARK_VLLM_DRAFT_LOG`). The tests and
-`examples/serve_vllm.py` drive it; it must run in the environment where vLLM is installed (`scripts/install_vllm.sh`).
+accepted / drafts`), each position's top logprobs with `--logprobs N`, and, for LongSpark, the proposer's per-round
+log (see `LONGSPARK_VLLM_DRAFT_LOG`). The tests and `examples/serve_vllm.py` drive it; it runs in the environment
+where vLLM is installed (`scripts/install_vllm.sh`).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"method": args.method, "dtype": args.dtype, "engine_seconds": time.perf_counter() - start}
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in json.loads(Path(args.prompts).read_text())]
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos,
-                            seed=0 if args.temperature else None)  # fmt: skip
+                            seed=0 if args.temperature else None, logprobs=args.logprobs)  # fmt: skip
     llm.generate(prompts[:1], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
     result["rounds"] = {}
     for name in args.rounds:
@@ -84,6 +85,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "token_ids": token_ids, "seconds": seconds, "new_tokens": sum(map(len, token_ids)),
             "request_ids": [o.request_id for o in outputs], **{k: after[k] - before[k] for k in after},
         }  # fmt: skip
+        if args.logprobs:  # per request and position: the top (token, logprob) pairs, best first
+            result["rounds"][name]["top_logprobs"] = [
+                [sorted(((t, lp.logprob) for t, lp in step.items()), key=lambda x: -x[1])[: args.logprobs]
+                 for step in o.outputs[0].logprobs] for o in outputs
+            ]  # fmt: skip
     if args.method == "longspark" and log.exists():
         result["draft_log"] = [json.loads(line) for line in log.read_text().splitlines()]
     return result
@@ -100,6 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--ignore-eos", action="store_true")
+    parser.add_argument("--logprobs", type=int, help="also record each position's top-N logprobs")
     parser.add_argument("--rounds", nargs="+", default=["concurrent"], choices=["single", "concurrent"])
     parser.add_argument("--num-speculative-tokens", type=int, default=7)
     parser.add_argument("--max-model-len", type=int, default=4096)
