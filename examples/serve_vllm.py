@@ -43,8 +43,8 @@ def main() -> None:
             tokenizer = llm.get_tokenizer()
             chat = tokenizer.apply_chat_template(
                 [{"role": "user", "content": "Write a Python function that checks whether a string is a palindrome."}],
-                add_generation_prompt=True, tokenize=True,
-            )  # fmt: skip
+                add_generation_prompt=True, tokenize=True, return_dict=True,
+            )["input_ids"]  # fmt: skip
             code = long_context_prompts(tokenizer, [args.long_prompt_tokens], num_prompts=1)[0]
             prompts = [TokensPrompt(prompt_token_ids=list(chat)), TokensPrompt(prompt_token_ids=code["input_ids"])]
         params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
