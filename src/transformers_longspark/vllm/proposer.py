@@ -140,6 +140,7 @@ class LongSparkProposer:
         for request_id in set(self.states) - set(request_ids):  # finished, preempted or not scheduled
             del self.states[request_id]
         query_start = self.runner.query_start_loc.np
+        kv_caches, block_table = self._kv_caches(), batch.block_table[0]  # one KV-cache group (full attention)
         drafts = []
         for i, request_id in enumerate(request_ids):
             if not sampled_token_ids[i]:
@@ -148,21 +149,21 @@ class LongSparkProposer:
             num_rows = int(num_tokens_no_spec[i]) - 1  # the last sampled token (the anchor) has no KV row yet
             boundary_row = int(query_start[i]) + (num_rows - 1) - int(batch.num_computed_tokens_cpu[i])
             anchor = int(token_ids_cpu[i, num_rows])
-            block_table = batch.block_table[0]
             block_ids = block_table.block_table.np[i, : block_table.num_blocks_per_row[i]]
-            drafts.append(self._draft(request_id, num_rows, boundary_row, anchor, block_ids))
+            rows = PagedRequestRows(kv_caches, block_ids, num_rows, self.dtype)
+            drafts.append(self._draft(request_id, rows, boundary_row, anchor))
         self.stats.seconds += time.perf_counter() - start
         return drafts
 
-    def _draft(self, request_id: str, num_rows: int, boundary_row: int, anchor: int, block_ids) -> list[int]:
-        config = self.drafter.config
+    def _draft(self, request_id: str, rows: PagedRequestRows, boundary_row: int, anchor: int) -> list[int]:
+        """One block for one request whose cache holds `rows`; its boundary is row `boundary_row` of the forward."""
+        config, num_rows = self.drafter.config, rows.num_rows
         state = self.states.get(request_id)
         built = state is None or state.num_absorbed > num_rows
         if built:
             state = self.states[request_id] = LongSparkContextState(config.num_draft_layers, config.summary_chunk_size)
             self.stats.states_built += 1
         state.boundary_states = torch.cat([h[boundary_row] for h in self.hidden_states])[None].to(self.dtype)
-        rows = PagedRequestRows(self._kv_caches(), block_ids, num_rows, self.dtype)
         context = read_draft_context(self.drafter, state, rows, num_rows)
         sequence = torch.tensor([[anchor] + [0] * self.num_tokens])
         index = torch.zeros(1, dtype=torch.long)
