@@ -98,3 +98,35 @@ def test_prefix_summaries_equal_incremental_summaries():
         state = LongSparkContextState(num_layers=1, chunk_size=3)
         state.absorb(0, queries, keys[:, :, :t], values[:, :, :t])
         torch.testing.assert_close(batched[a : a + 1], state.summaries[0], rtol=1e-5, atol=1e-5)
+
+
+def test_stacked_contexts_draft_as_each_request_alone(target_kind):
+    """`stack_contexts` (the vLLM proposer's one forward for all requests): requests with windows shorter than the
+    longest are left-padded and masked, and their logits equal those of a forward over each context alone."""
+    from transformers_longspark.context_state import stack_contexts
+    from transformers_longspark.drafting import read_draft_context
+    from transformers_longspark.targets import HiddenStateCapture
+
+    target = make_target(target_kind)
+    drafter = make_drafter(target, window_size=8, summary_chunk_size=5).eval()
+    drafter.bind_target(target)
+    contexts, anchors = [], []
+    for length in (5, 23, 12):  # a window of 5 rows, then two full ones
+        prompt = torch.randint(0, 64, (1, length), generator=torch.Generator().manual_seed(length))
+        capture = HiddenStateCapture(target.model.layers, drafter.config.target_layer_ids, keep=1)
+        cache = DynamicCache(config=target.config)
+        with torch.no_grad():
+            target(prompt, cache=cache)
+        state = LongSparkContextState(drafter.config.num_draft_layers, drafter.config.summary_chunk_size)
+        state.boundary_states = capture.concatenated(-1)
+        capture.remove()
+        contexts.append(read_draft_context(drafter, state, cache, length))
+        anchors.append(int(prompt[0, -1]))
+    mask = drafter.config.mask_token_id
+    blocks = torch.tensor([[a] + [mask] * (drafter.config.block_size - 1) for a in anchors])
+    stacked = stack_contexts(contexts)
+    assert stacked.window_mask.tolist()[0] == [False] * 3 + [True] * 5
+    with torch.no_grad():
+        together = drafter(blocks, stacked).base_logits
+        alone = torch.cat([drafter(blocks[i : i + 1], c).base_logits for i, c in enumerate(contexts)])
+    torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)

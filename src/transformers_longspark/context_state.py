@@ -40,6 +40,32 @@ class DraftContext:
     positions: torch.Tensor
 
 
+def stack_contexts(contexts: list[DraftContext]) -> DraftContext:
+    """One `DraftContext` for the requests of several, so that one drafter forward drafts for all of them. Windows
+    shorter than the longest are left-padded with zero rows that `window_mask` masks out."""
+    if len(contexts) == 1:
+        return contexts[0]
+    width = max((c.window_keys[0].shape[2] for c in contexts if c.window_keys), default=0)
+
+    def per_layer(name: str, pad: bool) -> list[torch.Tensor]:
+        layers = zip(*(getattr(c, name) for c in contexts))  # per layer: one tensor per context
+        return [torch.cat([F.pad(t, (0, 0, width - t.shape[2], 0)) if pad else t for t in ts]) for ts in layers]
+
+    masks = []
+    for c in contexts:
+        n, w = c.positions.shape[0], c.window_keys[0].shape[2] if c.window_keys else 0
+        own = c.window_mask if c.window_mask is not None else c.positions.new_ones(n, w, dtype=torch.bool)
+        masks.append(F.pad(own, (width - w, 0), value=False))
+    return DraftContext(
+        boundary_states=torch.cat([c.boundary_states for c in contexts]),
+        window_keys=per_layer("window_keys", pad=True),
+        window_values=per_layer("window_values", pad=True),
+        window_mask=torch.cat(masks) if contexts[0].window_keys else None,
+        summary_values=per_layer("summary_values", pad=False),
+        positions=torch.cat([c.positions for c in contexts]),
+    )
+
+
 def summarize_rows(
     queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..context_state import LongSparkContextState
+from ..context_state import DraftContext, LongSparkContextState, stack_contexts
 from ..drafting import draft_tokens, drafting_thresholds, read_draft_context
 from ..modeling_longspark import LongSparkDrafterModel
 from ..targets import TargetModules, check_target_compatible
@@ -141,44 +141,58 @@ class LongSparkProposer:
             del self.states[request_id]
         query_start = self.runner.query_start_loc.np
         kv_caches, block_table = self._kv_caches(), batch.block_table[0]  # one KV-cache group (full attention)
-        drafts = []
-        for i, request_id in enumerate(request_ids):
-            if not sampled_token_ids[i]:
-                drafts.append([])
-                continue
+        drafting = [i for i in range(len(request_ids)) if sampled_token_ids[i]]  # the others are still in prefill
+        contexts, anchors, lengths, built = [], [], [], []
+        for i in drafting:
             num_rows = int(num_tokens_no_spec[i]) - 1  # the last sampled token (the anchor) has no KV row yet
             boundary_row = int(query_start[i]) + (num_rows - 1) - int(batch.num_computed_tokens_cpu[i])
-            anchor = int(token_ids_cpu[i, num_rows])
             block_ids = block_table.block_table.np[i, : block_table.num_blocks_per_row[i]]
             rows = PagedRequestRows(kv_caches, block_ids, num_rows, self.dtype)
-            drafts.append(self._draft(request_id, rows, boundary_row, anchor))
+            context, new_state = self._context(request_ids[i], rows, boundary_row)
+            contexts.append(context)
+            anchors.append(int(token_ids_cpu[i, num_rows]))
+            lengths.append(num_rows)
+            built.append(new_state)
+        drafts: list[list[int]] = [[] for _ in request_ids]
+        if drafting:
+            blocks = self._draft_blocks(stack_contexts(contexts), anchors)
+            for i, block, anchor, num_rows, new_state in zip(drafting, blocks, anchors, lengths, built):
+                drafts[i] = block
+                self._log(request_ids[i], num_rows, anchor, block, new_state)
         self.stats.seconds += time.perf_counter() - start
         return drafts
 
-    def _draft(self, request_id: str, rows: PagedRequestRows, boundary_row: int, anchor: int) -> list[int]:
-        """One block for one request whose cache holds `rows`; its boundary is row `boundary_row` of the forward."""
-        config, num_rows = self.drafter.config, rows.num_rows
+    def _context(self, request_id: str, rows: PagedRequestRows, boundary_row: int) -> tuple[DraftContext, bool]:
+        """This round's context of one request whose cache holds `rows` (its boundary is row `boundary_row` of the
+        step's forward), and whether its state was (re)built."""
+        config = self.drafter.config
         state = self.states.get(request_id)
-        built = state is None or state.num_absorbed > num_rows
+        built = state is None or state.num_absorbed > rows.num_rows
         if built:
             state = self.states[request_id] = LongSparkContextState(config.num_draft_layers, config.summary_chunk_size)
             self.stats.states_built += 1
         state.boundary_states = torch.cat([h[boundary_row] for h in self.hidden_states])[None].to(self.dtype)
-        context = read_draft_context(self.drafter, state, rows, num_rows)
-        sequence = torch.tensor([[anchor] + [0] * self.num_tokens])
-        index = torch.zeros(1, dtype=torch.long)
+        return read_draft_context(self.drafter, state, rows, rows.num_rows), built
+
+    def _draft_blocks(self, context: DraftContext, anchors: list[int]) -> list[list[int]]:
+        """One drafter forward for every request: a block after each anchor."""
+        n = len(anchors)
+        sequences = torch.tensor([[anchor] + [0] * self.num_tokens for anchor in anchors])
+        rows, ones = torch.arange(n), torch.ones(n, dtype=torch.long)
         tokens, _, num_drafted = draft_tokens(
-            self.drafter, context, sequence, index, index + 1, index + self.num_tokens, None, False,
+            self.drafter, context, sequences, rows, ones, ones * self.num_tokens, None, False,
             self.token_threshold, self.eos_token_ids, self.block_threshold,
         )  # fmt: skip
-        drafts = tokens[0, : int(num_drafted[0])].tolist()
-        self.stats.rounds += 1
-        self.stats.drafted_tokens += len(drafts)
+        blocks = [tokens[r, : int(num_drafted[r])].tolist() for r in range(n)]
+        self.stats.rounds += n
+        self.stats.drafted_tokens += sum(map(len, blocks))
+        return blocks
+
+    def _log(self, request_id: str, num_rows: int, anchor: int, drafts: list[int], built: bool) -> None:
         if self.draft_log:
             with open(self.draft_log, "a") as log:
                 log.write(json.dumps({"request_id": request_id, "num_rows": num_rows, "anchor": anchor,
                                       "drafts": drafts, "state_built": built}) + "\n")  # fmt: skip
-        return drafts
 
     def _kv_caches(self) -> dict[int, tuple[torch.Tensor, str]]:
         """Target layer index -> (its KV-cache tensor, layout), read at each step (vLLM binds caches after load)."""
