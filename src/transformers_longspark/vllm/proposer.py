@@ -8,9 +8,9 @@
 Per step, vLLM verifies the drafts of the last step, then calls `propose` with each running request's accepted
 tokens. For every request that sampled, the proposer keeps a `LongSparkContextState` keyed by vLLM's request id and
 does what the transformers loop does each round, with the same code (`drafting.py`): fold the request's new KV rows
-into the global summary, take the recent window, take the boundary states at the last accepted position, and run
-one drafter forward. Only the place the rows come from differs: vLLM's paged KV cache (`paged_kv.py`), and hooks on
-the target's decoder layers for the hidden states.
+into the global summary, take the recent window and the boundary states at the last accepted position; then one
+drafter forward drafts a block for every such request. Only the place the rows come from differs: vLLM's paged KV
+cache (`paged_kv.py`), and hooks on the target's decoder layers for the hidden states.
 
 A request's state is created at its first sampled token (after its last prefill chunk: the prompt's rows are all in
 the cache then) and dropped once the request leaves vLLM's batch (finished, preempted, or not scheduled in a step);
