@@ -69,9 +69,6 @@ class PagedRequestRows:
         self.kv_caches, self.num_rows, self.dtype = kv_caches, num_rows, dtype
         self.block_ids = torch.as_tensor(block_ids, dtype=torch.long)
 
-    def get_seq_length(self) -> int:
-        return self.num_rows
-
     def last_rows(self, layer_id: int, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows `[num_rows_total - num_rows, num_rows_total)` of target layer `layer_id`, each
         `(1, num_kv_heads, num_rows, head_dim)`."""

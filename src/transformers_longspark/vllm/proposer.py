@@ -39,7 +39,7 @@ from ..context_state import DraftContext, LongSparkContextState, stack_contexts
 from ..drafting import draft_tokens, drafting_thresholds, read_draft_context
 from ..modeling_longspark import LongSparkDrafterModel
 from ..targets import TargetModules, check_target_compatible
-from .paged_kv import SUPPORTED_LAYOUTS, PagedRequestRows
+from .paged_kv import PagedRequestRows
 
 DRAFTER_ENV = "LONGSPARK_DRAFTER"
 """Environment variable naming the drafter folder (vLLM's `speculative_config.model` holds the class path)."""
@@ -195,20 +195,11 @@ class LongSparkProposer:
                                       "drafts": drafts, "state_built": built}) + "\n")  # fmt: skip
 
     def _kv_caches(self) -> dict[int, tuple[torch.Tensor, str]]:
-        """Target layer index -> (its KV-cache tensor, layout), read at each step (vLLM binds caches after load)."""
+        """Target layer index -> (its KV-cache tensor, layout), read at each step (vLLM binds caches after load).
+        `unpack_blocks` refuses layouts it cannot read, naming them."""
         context = self.vllm_config.compilation_config.static_forward_context
-        caches = {}
-        for layer_id in self.layer_ids:
-            attention = context[f"model.layers.{layer_id}.self_attn.attn"]
-            layout = getattr(attention, "isa", None)
-            if layout not in SUPPORTED_LAYOUTS:
-                raise ValueError(
-                    f"LongSparkProposer reads vLLM's x86 CPU KV-cache layouts {SUPPORTED_LAYOUTS}; target layer "
-                    f"{layer_id} uses {layout!r} ({type(attention.impl).__name__}). Serve on an x86 CPU with a "
-                    "float32 or bfloat16 cache, or use the transformers path (`generate(assistant_model=drafter)`)."
-                )
-            caches[layer_id] = (attention.kv_cache, layout)
-        return caches
+        attention = {i: context[f"model.layers.{i}.self_attn.attn"] for i in self.layer_ids}
+        return {i: (layer.kv_cache, getattr(layer, "isa", None)) for i, layer in attention.items()}
 
 
 @dataclass
