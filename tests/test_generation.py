@@ -181,8 +181,8 @@ def sampling_setup():
     return target, drafter, prompt, exact_law(target, prompt)
 
 
-@pytest.mark.parametrize("thresholds", [(0.0, 0.0), (0.4, 0.0), (0.0, 0.5)],
-                         ids=["whole-blocks", "confidence-cut", "block-confidence-cut"])  # fmt: skip
+@pytest.mark.parametrize("thresholds", [(0.0, 0.0), (0.4, 0.0), (0.0, 0.5), (0.3, 0.25)],
+                         ids=["whole-blocks", "confidence-cut", "block-confidence-cut", "shipped-cuts"])  # fmt: skip
 def test_sampling_matches_the_exact_target_law(sampling_setup, thresholds, monkeypatch):
     target, drafter, prompt, law = sampling_setup
     monkeypatch.setattr(drafter.generation_config, "assistant_confidence_threshold", thresholds[0])

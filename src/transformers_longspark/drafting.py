@@ -153,10 +153,16 @@ def draft_tokens(
     """One drafter forward over the blocks `[a, MASK, ...]` of `n` requests, then the Markov correction and the
     logits processors token by token, sampling (or taking the argmax of) exactly the distributions returned.
 
-    A request's block ends after `max_tokens[r]` tokens, at an EOS, and before the first token after the first whose
-    draft probability is below `confidence_threshold`, or at which the product of the block's draft probabilities
-    (an estimate of the chance that the whole block so far is accepted) falls below `block_confidence_threshold`
+    A request's block ends after `max_tokens[r]` tokens, after an EOS, and before the first position `i > 1` whose
+    confidence, the largest probability of its draft distribution `q_i`, is below `confidence_threshold`, or at which
+    the product of the block's probabilities so far (drawn tokens `q_1(y_1) ... q_{i-1}(y_{i-1})`, times `q_i`'s
+    confidence: an estimate of the chance that the whole block is accepted) falls below `block_confidence_threshold`
     (dynamic block length: each verified token costs a share of a target step, which unlikely tokens do not repay).
+
+    The cuts keep sampling exact: whether position `i` is proposed is decided from `q_i` and the tokens drawn before
+    it, never from `y_i` itself, so a proposed `y_i` is distributed as `q_i`, the law handed to the verifier. (Cutting
+    on `q_i(y_i)` would propose `q_i` restricted to the tokens that pass, and bias the output.) In greedy decoding the
+    drawn token is the argmax, so both rules cut at the same place.
 
     Args:
         sequences: `(batch, S)` tokens of the whole batch; request `r`'s are `sequences[rows[r], :lengths[r]]`, the
@@ -188,12 +194,13 @@ def draft_tokens(
         if not in_draft_vocab:
             logits = process_logits(logits_processor, sequences, rows, lengths + i, drafter.to_target_vocab(logits))
         probs = torch.softmax(logits, dim=-1)
+        if i > 0:  # decided before drawing y_i (see the docstring): the cut must not depend on the token it drops
+            confidence = probs.max(dim=-1).values
+            drafting &= confidence >= confidence_threshold
+            drafting &= block_probability * confidence >= block_confidence_threshold
         choice = torch.multinomial(probs, num_samples=1)[:, 0] if do_sample else probs.argmax(dim=-1)
         token = drafter.to_target_ids(choice) if in_draft_vocab else choice
-        probability = probs.gather(-1, choice[:, None])[:, 0]
-        block_probability = block_probability * probability
-        if i > 0:
-            drafting &= (probability >= confidence_threshold) & (block_probability >= block_confidence_threshold)
+        block_probability = block_probability * probs.gather(-1, choice[:, None])[:, 0]
         num_drafted += drafting
         sequences[rows, lengths + i] = token
         drafted_ids.append(token)

@@ -1,0 +1,162 @@
+"""The confidence cuts keep sampling exact: a high-power check of one drafting round plus speculative sampling.
+
+A drafter whose draft laws `q` are set by hand drafts for 200,000 requests at once (`draft_tokens`), the batched
+verifier (`speculative_sampling`) accepts against hand-set target laws `p`, and the joint law of the first two emitted
+tokens must be `p_1(a) p_2(b | a)`. The laws are chosen so that every cut rule matters: after `y_1 = 2` the second
+position's confidence (largest probability) is below 0.3, after `y_1 = 1` the block product is near 0.25, and after
+`y_1 = 0` a likely and an unlikely token share the second position, so a rule that cut on the drawn token's own
+probability would propose `q_2` restricted to the likely one (the negative control shows the test sees that).
+"""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from test_generation import SAMPLING, chi_square_pvalue, exact_law
+from test_generation import VOCAB as VOCAB_SMALL
+
+from conftest import make_bigram_target, make_oracle_drafter
+from transformers_longspark import batched
+from transformers_longspark.batched import speculative_sampling
+from transformers_longspark.context_state import DraftContext
+from transformers_longspark.drafting import draft_tokens
+
+VOCAB, ANCHOR, DRAWS = 4, 4, 200_000
+Q_FIRST = torch.tensor([0.5, 0.3, 0.15, 0.05])
+Q_SECOND = torch.tensor([  # q_2(. | y_1), row y_1
+    [0.85, 0.1, 0.03, 0.02],  # confident, but y_2 = 1 has probability 0.1 < 0.3
+    [0.2, 0.7, 0.05, 0.05],  # block product 0.3 * 0.7 = 0.21 < 0.25
+    [0.25, 0.25, 0.25, 0.25],  # confidence 0.25 < 0.3
+    [0.1, 0.1, 0.1, 0.7],
+])
+P_FIRST = torch.tensor([0.3, 0.3, 0.3, 0.1])
+P_SECOND = torch.tensor([  # p_2(. | t_1), row t_1
+    [0.5, 0.5, 0.0, 0.0],
+    [0.1, 0.2, 0.3, 0.4],
+    [0.4, 0.3, 0.2, 0.1],
+    [0.25, 0.25, 0.25, 0.25],
+])
+
+
+class HandSetDrafter:
+    """What `draft_tokens` reads of a drafter, with draft laws set by hand: `q_1 = Q_FIRST` (the block forward) and
+    `q_2 = Q_SECOND[y_1]` (the Markov correction, zero after the anchor)."""
+
+    config = SimpleNamespace(block_size=3, mask_token_id=ANCHOR, vocab_size=VOCAB)
+
+    def __call__(self, block_ids, context):
+        base = torch.zeros(block_ids.shape[0], self.config.block_size, VOCAB)
+        base[:, 0] = Q_FIRST.log()
+        return SimpleNamespace(base_logits=base)
+
+    def markov_correction(self, previous):
+        table = torch.cat([Q_SECOND.log(), torch.zeros(1, VOCAB)])  # the anchor's row is neutral
+        return table[previous]
+
+    def to_target_vocab(self, logits):
+        return logits
+
+    def to_target_ids(self, columns):
+        return columns
+
+
+def emitted_pairs(token_threshold: float, block_threshold: float, cut=None) -> torch.Tensor:
+    """`(DRAWS, 2)`: the first two tokens emitted after the anchor, by one drafting round, its verification and, where
+    the round emitted only one token, an exact draw of the second from `p_2`. `cut` post-processes the drafts."""
+    torch.manual_seed(0)
+    sequences = torch.full((DRAWS, 3), ANCHOR)
+    rows, lengths = torch.arange(DRAWS), torch.ones(DRAWS, dtype=torch.long)
+    context = DraftContext(torch.zeros(DRAWS, 1), [], [], None, [], lengths)
+    drafted, draft_logits, num_drafted = draft_tokens(
+        HandSetDrafter(), context, sequences, rows, lengths, lengths + 1, None, True, token_threshold, None,
+        block_threshold,
+    )  # fmt: skip
+    if cut is not None:
+        num_drafted = cut(drafted, draft_logits, num_drafted)
+    target_laws = torch.stack([P_FIRST.expand(DRAWS, -1), P_SECOND[drafted[:, 0]], P_SECOND[drafted[:, 1]]], dim=1)
+    num_accepted, next_tokens = speculative_sampling(drafted, draft_logits, target_laws.log(), num_drafted)
+    first = torch.where(num_accepted >= 1, drafted[:, 0], next_tokens)
+    second = torch.where(num_accepted >= 2, drafted[:, 1], next_tokens)
+    second = torch.where(num_accepted == 0, torch.multinomial(P_SECOND[first], 1)[:, 0], second)
+    return torch.stack([first, second], dim=1), num_drafted
+
+
+def pair_pvalue(pairs: torch.Tensor) -> float:
+    counts = torch.bincount(pairs[:, 0] * VOCAB + pairs[:, 1], minlength=VOCAB**2).double()
+    law = (P_FIRST[:, None] * P_SECOND).flatten().double()
+    assert counts[law == 0].sum() == 0, "a pair of probability zero was emitted"
+    return float(chisquare(counts[law > 0].numpy(), (law[law > 0] / law.sum() * DRAWS).numpy()).pvalue)
+
+
+@pytest.mark.parametrize("thresholds", [(0.3, 0.25), (0.3, 0.0), (0.0, 0.25), (0.0, 0.0)])
+def test_emitted_law_is_the_target_law_under_every_cut(thresholds):
+    pairs, num_drafted = emitted_pairs(*thresholds)
+    if thresholds != (0.0, 0.0):
+        assert 0 < (num_drafted == 1).float().mean() < 1, "the cut must end some blocks and not others"
+    assert pair_pvalue(pairs) > 1e-3
+
+
+def cut_on_drawn_probability(drafted, draft_logits, num_drafted, threshold=0.3, position=1):
+    """The biased rule (negative control): a block ends before the first draft from `position` on whose own draft
+    probability is below the threshold."""
+    if drafted.shape[1] <= position:
+        return num_drafted
+    q_drawn = draft_logits.softmax(-1).gather(-1, drafted[..., None])[..., 0]
+    low = (q_drawn < threshold) & (torch.arange(drafted.shape[1]) >= position)
+    first_low = torch.where(low.any(dim=1), low.long().argmax(dim=1), drafted.shape[1])
+    return torch.minimum(num_drafted, first_low)
+
+
+def test_a_cut_on_the_drawn_token_is_detected():
+    pairs, _ = emitted_pairs(0.0, 0.0, cut=cut_on_drawn_probability)
+    assert pair_pvalue(pairs) < 1e-6
+
+
+# --- the same through generate(): a batch of copies of one prompt, the shipped SmolLM2 drafter's thresholds --------
+
+COPIES = 30_000
+SHIPPED_THRESHOLDS = (0.3, 0.25)
+
+
+@pytest.fixture(scope="module")
+def copies_setup():
+    """A bigram target over 6 tokens and an overlapping drafter (Markov strength 1) whose second and third draft
+    positions often hold a token of draft probability below 0.3 beside a likelier one: there a cut on the drawn token
+    would bias the law."""
+    target = make_bigram_target("llama", vocab_size=VOCAB_SMALL, seed=3, temperature=0.05)
+    drafter = make_oracle_drafter(target, strength=1.0, block_size=3, seed=5)
+    drafter.generation_config.assistant_confidence_threshold = SHIPPED_THRESHOLDS[0]
+    drafter.generation_config.block_confidence_threshold = SHIPPED_THRESHOLDS[1]
+    prompt = torch.tensor([[1, 4, 2, 5]])
+    return target, drafter, prompt, exact_law(target, prompt)
+
+
+def first_three_counts(target, drafter, prompt) -> torch.Tensor:
+    """Counts of the first three new tokens over `COPIES` sampled continuations (five are generated, so that the first
+    round may draft a whole block)."""
+    torch.manual_seed(0)
+    batch = prompt.repeat(COPIES, 1)
+    out = target.generate(batch, attention_mask=torch.ones_like(batch), max_new_tokens=5, assistant_model=drafter,
+                          **SAMPLING)  # fmt: skip
+    a, b, c = out[:, prompt.shape[1] : prompt.shape[1] + 3].T
+    return torch.bincount((a * VOCAB_SMALL + b) * VOCAB_SMALL + c, minlength=VOCAB_SMALL**3).double()
+
+
+def test_generate_law_with_the_shipped_thresholds(copies_setup):
+    target, drafter, prompt, law = copies_setup
+    counts = first_three_counts(target, drafter, prompt)
+    stats = drafter.drafting_stats
+    assert 1.3 < stats.drafted_tokens / stats.rounds < 2.5  # multi-token blocks, and blocks cut short
+    assert chi_square_pvalue(counts, law) > 1e-3
+
+
+def test_generate_law_detects_a_cut_on_the_drawn_token(copies_setup, monkeypatch):
+    target, drafter, prompt, law = copies_setup
+
+    def biased_draft_tokens(*args, **kwargs):
+        drafted, logits, num_drafted = draft_tokens(*args, **kwargs)
+        return drafted, logits, cut_on_drawn_probability(drafted, logits, num_drafted, position=1)
+
+    monkeypatch.setattr(batched, "draft_tokens", biased_draft_tokens)
+    assert chi_square_pvalue(first_three_counts(target, drafter, prompt), law) < 1e-6
