@@ -17,7 +17,7 @@ import os
 import time
 
 from transformers_longspark.loading import SHIPPED_DRAFTER_DIR, smollm2_dir
-from transformers_longspark.vllm.run import spec_counters, speculative_config
+from transformers_longspark.vllm.run import DEFAULT_KV_CACHE_BYTES, spec_counters, speculative_config
 
 
 def main() -> None:
@@ -26,6 +26,8 @@ def main() -> None:
     parser.add_argument("--long-prompt-tokens", type=int, default=2048)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--drafter", default=str(SHIPPED_DRAFTER_DIR))
+    parser.add_argument("--kv-cache-bytes", type=int, default=DEFAULT_KV_CACHE_BYTES,
+                        help="KV-cache size (default 1 GiB; vLLM's own default reserves 92%% of RAM)")
     args = parser.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -37,8 +39,10 @@ def main() -> None:
     target = str(smollm2_dir())
     results = {}
     for method in ("plain", "ngram", "longspark"):
-        llm = LLM(target, dtype=args.dtype, enforce_eager=True, max_model_len=4096, disable_log_stats=False,
-                  speculative_config=speculative_config(method, num_tokens=7))  # fmt: skip
+        llm = LLM(
+            target, dtype=args.dtype, enforce_eager=True, max_model_len=4096, disable_log_stats=False,
+            kv_cache_memory_bytes=args.kv_cache_bytes, speculative_config=speculative_config(method, num_tokens=7),
+        )  # fmt: skip
         if not results:  # the same two requests for every engine
             tokenizer = llm.get_tokenizer()
             chat = tokenizer.apply_chat_template(

@@ -200,13 +200,14 @@ def test_compaction_changes_nothing_but_the_layout(mode, monkeypatch):
         assert max(before - longest for before, _, longest in checks) > input_ids.shape[1] - min(LENGTHS[8])
 
 
-def test_return_dict_holds_the_sequences():
+def test_default_position_ids_passed_in_are_accepted():
     target = context_target("qwen3")
     drafter = make_oracle_drafter(target, window_size=WINDOW, block_size=BLOCK)
     input_ids, attention_mask = left_padded(LENGTHS[2])
+    position_ids = batched.default_position_ids(attention_mask)
     reference, assisted = greedy_pair(target, drafter, input_ids, attention_mask, max_new_tokens=9,
-                                      return_dict_in_generate=True)  # fmt: skip
-    assert torch.equal(reference.sequences, assisted.sequences)
+                                      position_ids=position_ids)  # fmt: skip
+    assert torch.equal(reference, assisted)
 
 
 def test_logits_processors_see_each_rows_own_prefix():
@@ -391,6 +392,13 @@ class SilentStreamer(BaseStreamer):
         (2, dict(streamer=SilentStreamer()), "Streaming is batch-1"),
         (2, dict(return_dict_in_generate=True, output_scores=True), "output_scores"),
         (2, dict(max_time=10.0), "MaxTimeCriteria"),
+        (2, dict(return_dict_in_generate=True), "past_key_values"),
+        (2, dict(inputs_embeds=torch.zeros(2, 5, 32)), "cannot pass inputs_embeds"),
+        (2, dict(position_ids=torch.arange(5).repeat(2, 1)), "position_ids"),
+        (2, dict(prefill_chunk_size=2), "prefill_chunk_size"),
+        (2, dict(prefix_allowed_tokens_fn=lambda batch_id, ids: list(range(64))), "PrefixConstrainedLogitsProcessor"),
+        (2, dict(guidance_scale=1.5), "guidance_scale=1.5"),
+        (1, dict(guidance_scale=1.5), "guidance_scale=1.5"),
         (2, dict(attention_mask=torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])), "left-padded"),
     ],
 )

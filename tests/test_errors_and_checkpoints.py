@@ -58,6 +58,19 @@ def test_sliding_window_that_evicts_prompt_rows_is_refused():
         target.generate(torch.randint(0, 64, (1, 40)), max_new_tokens=4, assistant_model=drafter)
 
 
+def test_sliding_window_without_layer_types_is_refused():
+    """Mistral sets `sliding_window` for every layer and has no `layer_types`; the check must see it there too."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=16)  # fmt: skip
+    target = MistralForCausalLM(config).eval()
+    handle = target.model.register_forward_pre_hook(no_forward)
+    with pytest.raises(ValueError, match="sliding-window cache of 16 rows"):
+        target.generate(torch.randint(0, 64, (1, 40)), max_new_tokens=4, assistant_model=make_drafter(target))
+    handle.remove()
+
+
 def test_paper_layer_selection():
     from transformers_longspark import select_target_layers
 

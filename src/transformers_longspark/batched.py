@@ -30,15 +30,18 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 from transformers.cache_utils import Cache
-from transformers.generation.logits_process import LogitsProcessorList
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    PrefixConstrainedLogitsProcessor,
+    UnbatchedClassifierFreeGuidanceLogitsProcessor,
+)
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
-from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .context_state import LongSparkContextState, gather_columns, last_real_columns
 from .drafting import draft_tokens, drafting_thresholds, process_logits, read_draft_context
 from .generation import DraftingStats
 from .modeling_longspark import LongSparkDrafterModel
-from .targets import HiddenStateCapture, check_sliding_window, check_target_compatible
+from .targets import HiddenStateCapture, check_sliding_window, check_target_compatible, sliding_window_layers
 
 ONE_PER_PROMPT = "call generate() once per prompt"
 
@@ -111,13 +114,21 @@ def speculative_sampling(
 # --- settings that batched decoding cannot honour ---------------------------------------------------------------
 
 
+# Model inputs the loop builds itself (`position_ids` only when they are generate's default, checked separately).
+HANDLED_MODEL_KWARGS = {"attention_mask", "cache", "use_cache", "logits_to_keep", "position_ids"}
+# Processors that keep state across steps or call user code on each row's prefix: the loop calls processors once per
+# drafted and verified position, and on rows of other lengths whose outputs it then discards.
+ONE_CALL_PER_STEP_PROCESSORS = (PrefixConstrainedLogitsProcessor, UnbatchedClassifierFreeGuidanceLogitsProcessor)
+
+
 def check_batched_generation(
     target: PreTrainedModel,
     generation_config: GenerationConfig,
+    logits_processor: LogitsProcessorList | None,
     stopping_criteria: StoppingCriteriaList,
     streamer: Any,
     synced_gpus: bool,
-    cache: Cache,
+    model_kwargs: dict[str, Any],
     block_size: int,
 ) -> None:
     """Raises `ValueError`, before any token, for what batched LongSpark decoding does not support."""
@@ -125,24 +136,42 @@ def check_batched_generation(
         raise ValueError(f"Streaming is batch-1: {ONE_PER_PROMPT} to stream it, or drop `streamer` for a batch.")
     requested = [name for name in ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
                  if getattr(generation_config, name, False)]  # fmt: skip
-    if requested and generation_config.return_dict_in_generate:
-        raise ValueError(f"Batched LongSpark decoding returns `sequences` only, not {', '.join(requested)}: "
-                         f"{ONE_PER_PROMPT} to get them.")  # fmt: skip
+    if generation_config.return_dict_in_generate:
+        returned = ", ".join(requested) or "past_key_values"
+        raise ValueError(
+            f"Batched LongSpark decoding returns the `sequences` tensor only, not {returned} (its cache drops each "
+            f"sequence as it ends): drop return_dict_in_generate, or {ONE_PER_PROMPT}."
+        )
+    ignored = sorted(k for k, v in model_kwargs.items() if v is not None and k not in HANDLED_MODEL_KWARGS)
+    if ignored:
+        raise ValueError(
+            f"Batched LongSpark decoding passes the target input_ids, attention_mask and position ids only; it "
+            f"cannot pass {', '.join(ignored)}: {ONE_PER_PROMPT}."
+        )
+    if generation_config.prefill_chunk_size:
+        raise ValueError(
+            f"Batched LongSpark decoding prefills the prompts in one forward (prefill_chunk_size="
+            f"{generation_config.prefill_chunk_size}): drop prefill_chunk_size, or {ONE_PER_PROMPT}."
+        )
+    stateful = [type(p).__name__ for p in logits_processor or [] if isinstance(p, ONE_CALL_PER_STEP_PROCESSORS)]
+    if stateful:
+        raise ValueError(
+            f"Batched LongSpark decoding calls logits processors once per drafted position and on other sequences' "
+            f"prefixes, which {', '.join(stateful)} cannot take: {ONE_PER_PROMPT}."
+        )
     if synced_gpus:
         raise ValueError(f"Batched LongSpark decoding does not support `synced_gpus`; {ONE_PER_PROMPT}.")
     others = [type(c).__name__ for c in stopping_criteria if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))]
     if others:
         raise ValueError(f"Batched LongSpark decoding stops each sequence at EOS or max_new_tokens only; "
                          f"{', '.join(others)} is not supported: {ONE_PER_PROMPT}.")  # fmt: skip
+    cache = model_kwargs.get("cache")
     if cache is None or cache.get_seq_length() > 0:
         raise ValueError(f"Batched LongSpark decoding starts from an empty target cache; {ONE_PER_PROMPT} to continue "
                          "from a prefilled cache.")  # fmt: skip
-    text_config = target.config.get_text_config()
-    window = getattr(text_config, "sliding_window", None)
-    sliding = "sliding_attention" in (getattr(text_config, "layer_types", None) or [])
-    sliding = sliding or getattr(text_config, "model_type", None) == "mistral"
+    window, _ = sliding_window_layers(target.config)
     columns = max_cache_columns(generation_config.max_length, block_size)
-    if sliding and window is not None and window < columns:
+    if window is not None and window < columns:
         raise ValueError(
             f"The target uses sliding-window attention ({window} columns), and the holes of a batched cache would "
             f"count toward its window; {ONE_PER_PROMPT}, or keep max_length (prompt + new tokens) well below {window}."
@@ -214,7 +243,7 @@ class BatchedSpeculativeDecoder:
         if not mask[:, -1].all():
             raise ValueError("Batched LongSpark decoding needs left-padded prompts (a row of attention_mask ends with "
                              "0); pad on the left, e.g. `tokenizer.padding_side = 'left'`.")  # fmt: skip
-        position_ids = (mask.long().cumsum(dim=1) - 1).masked_fill(~mask, 0)
+        position_ids = default_position_ids(mask)
         outputs = self.target(
             input_ids=input_ids, attention_mask=None if mask.all() else mask.long(), position_ids=position_ids,
             cache=self.cache, use_cache=True, logits_to_keep=1,
@@ -336,22 +365,44 @@ def batched_speculative_decoding(
     streamer: Any = None,
     assistant_model: LongSparkDrafterModel | None = None,
     **model_kwargs,
-) -> GenerateDecoderOnlyOutput | torch.LongTensor:
+) -> torch.LongTensor:
     """`GenerationMixin._assisted_decoding` for a batch and a LongSpark drafter (same arguments, same outputs).
 
-    Returns `(batch, prompt + new)` sequences, each padded with `pad_token_id` after its EOS, or a
-    `GenerateDecoderOnlyOutput` holding them with `return_dict_in_generate=True`.
+    Returns `(batch, prompt + new)` sequences, each padded with `pad_token_id` after its EOS.
     """
-    cache = model_kwargs.get("cache")
     block_size = assistant_model.config.block_size
-    check_batched_generation(model, generation_config, stopping_criteria, streamer, synced_gpus, cache, block_size)
+    check_batched_generation(
+        model, generation_config, logits_processor, stopping_criteria, streamer, synced_gpus, model_kwargs, block_size
+    )
     # `generate` accepts inputs on the CPU for a model elsewhere; this loop calls the model directly.
     input_ids = input_ids.to(model.device)
     attention_mask = model_kwargs.get("attention_mask")
     attention_mask = None if attention_mask is None else attention_mask.to(model.device)
+    check_default_position_ids(model_kwargs.get("position_ids"), input_ids, attention_mask)
+    cache = model_kwargs["cache"]
     decoder = BatchedSpeculativeDecoder(model, assistant_model, input_ids, cache, generation_config, logits_processor)
-    sequences = decoder.run(attention_mask)
-    return GenerateDecoderOnlyOutput(sequences=sequences) if generation_config.return_dict_in_generate else sequences
+    return decoder.run(attention_mask)
+
+
+def default_position_ids(attention_mask: torch.Tensor) -> torch.LongTensor:
+    """`(batch, S)` positions counting each left-padded row's real tokens (0 on padding), as `generate` builds them."""
+    mask = attention_mask.bool()
+    return (mask.long().cumsum(dim=1) - 1).masked_fill(~mask, 0)
+
+
+def check_default_position_ids(
+    position_ids: torch.Tensor | None, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None
+) -> None:
+    """Refuses `position_ids` other than `generate`'s default: the loop numbers each sequence's real tokens itself."""
+    if position_ids is None:
+        return
+    mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    expected = default_position_ids(mask)
+    if position_ids.shape != expected.shape or not torch.equal(position_ids.to(expected.device)[mask], expected[mask]):
+        raise ValueError(
+            f"Batched LongSpark decoding numbers each sequence's real tokens from 0 and cannot take other "
+            f"position_ids: drop position_ids, or {ONE_PER_PROMPT}."
+        )
 
 
 __all__ = [

@@ -12,7 +12,9 @@ sequences per prompt, static caches) are refused before any token.
 
 from __future__ import annotations
 
+import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -92,6 +94,10 @@ class LongSparkCandidateGenerator(CandidateGenerator):
         self.boundary_from_prefill = True
         self.stats = drafter.drafting_stats = DraftingStats()
 
+    def close(self) -> None:
+        """Removes the hidden-state hooks from the target (the generate hook calls it when decoding ends or fails)."""
+        self.capture.remove()
+
     @torch.no_grad()
     def get_candidates(
         self,
@@ -154,6 +160,14 @@ class LongSparkCandidateGenerator(CandidateGenerator):
         return torch.cat([input_ids, tokens[:, :num_drafted]], dim=1), logits[:, :num_drafted]
 
 
+class _OpenGenerators(threading.local):
+    """The candidate generators created by this thread's running `generate` calls, closed when each call ends."""
+
+    def __init__(self):
+        self.generators: list[LongSparkCandidateGenerator] = []
+
+
+_open = _OpenGenerators()
 _original_get_candidate_generator = GenerationMixin._get_candidate_generator
 _original_validate_generation_mode = GenerationMixin._validate_generation_mode
 _original_assisted_decoding = GenerationMixin._assisted_decoding
@@ -162,7 +176,9 @@ _original_assisted_decoding = GenerationMixin._assisted_decoding
 def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
                              assistant_model=None, **kwargs) -> CandidateGenerator:  # fmt: skip
     if isinstance(assistant_model, LongSparkDrafterModel):
-        return LongSparkCandidateGenerator(self, assistant_model, input_ids, generation_config, logits_processor)
+        generator = LongSparkCandidateGenerator(self, assistant_model, input_ids, generation_config, logits_processor)
+        _open.generators.append(generator)
+        return generator
     return _original_get_candidate_generator(
         self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs, assistant_model, **kwargs
     )
@@ -181,11 +197,15 @@ def _assisted_decoding(self, input_ids, *args, assistant_model=None, **kwargs):
         max_length = max_cache_columns(max_length, assistant_model.config.block_size)
     else:
         decode = _original_assisted_decoding
-    if not assistant_model.fast_verification:
-        return decode(self, input_ids, *args, assistant_model=assistant_model, **kwargs)
-    # The fast verification path lives exactly as long as the decoding loop (see `verification.py`).
-    with fast_verification(self, cache, max_length):
-        return decode(self, input_ids, *args, assistant_model=assistant_model, **kwargs)
+    # The fast verification path and the hidden-state hooks live exactly as long as the decoding loop, even when it
+    # is interrupted (an exception or KeyboardInterrupt from a streamer or stopping criterion).
+    opened = len(_open.generators)
+    try:
+        with fast_verification(self, cache, max_length) if assistant_model.fast_verification else nullcontext():
+            return decode(self, input_ids, *args, assistant_model=assistant_model, **kwargs)
+    finally:
+        while len(_open.generators) > opened:
+            _open.generators.pop().close()
 
 
 def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs) -> None:
@@ -209,6 +229,12 @@ def check_generation_settings(generation_config: GenerationConfig) -> None:
         raise ValueError(
             f"LongSpark speculative decoding returns one sequence per prompt (num_return_sequences={copies}); call "
             f"generate once per sample, or repeat the prompt in the batch (`input_ids.repeat_interleave({copies}, 0)`)."
+        )
+    if generation_config.guidance_scale is not None and generation_config.guidance_scale != 1:
+        raise ValueError(
+            f"Classifier-free guidance (guidance_scale={generation_config.guidance_scale}) runs its own forward once "
+            "per generated token, which a drafted block's several positions would desynchronise; call generate "
+            "without assistant_model to use it."
         )
     if generation_config.cache_implementation in ALL_STATIC_CACHE_IMPLEMENTATIONS:
         raise ValueError(

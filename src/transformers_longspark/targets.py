@@ -7,12 +7,13 @@ hidden states with forward hooks, keeping only the last few positions so that no
 
 from __future__ import annotations
 
+import threading
 import weakref
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer
 
 from .configuration_longspark import SUPPORTED_TARGET_TYPES, LongSparkConfig
@@ -88,13 +89,32 @@ def check_target_compatible(config: LongSparkConfig, target: PreTrainedModel, dr
         )
 
 
+def sliding_window_layers(config: PretrainedConfig) -> tuple[int | None, list[int]]:
+    """`(window, layers)`: the sliding-window size of a target config and the indices of the layers that use it
+    (`(None, [])` for a full-attention model).
+
+    Per-layer `layer_types` decide where a config has them (Gemma, Qwen2/3, GPT-OSS); otherwise every layer slides
+    when `sliding_window` is set and not switched off by `use_sliding_window=False` (Mistral, Qwen2 configs without
+    `layer_types`). Every path (batch 1, batches, vLLM) asks this one helper."""
+    config = config.get_text_config()
+    window = getattr(config, "sliding_window", None)
+    if window is None:
+        return None, []
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types:
+        layers = [i for i, kind in enumerate(layer_types) if kind == "sliding_attention"]
+    elif getattr(config, "use_sliding_window", True):
+        layers = list(range(config.num_hidden_layers))
+    else:
+        layers = []
+    return (window, layers) if layers else (None, [])
+
+
 def check_sliding_window(target: PreTrainedModel, layer_ids: list[int], prompt_length: int) -> None:
     """Refuses sliding-window layers whose cache would evict prompt rows before the summary absorbs them."""
-    text_config = target.config.get_text_config()
-    layer_types = getattr(text_config, "layer_types", None) or []
-    window = getattr(text_config, "sliding_window", None)
-    sliding = [i for i in layer_ids if i < len(layer_types) and layer_types[i] == "sliding_attention"]
-    if sliding and window is not None and prompt_length >= window:
+    window, sliding_layers = sliding_window_layers(target.config)
+    sliding = [i for i in layer_ids if i in sliding_layers]
+    if sliding and prompt_length >= window:
         raise ValueError(
             f"Target layers {sliding} use a sliding-window cache of {window} rows, which evicts rows of this "
             f"{prompt_length}-token prompt before the global summary can absorb them. Use a prompt shorter than "
@@ -127,16 +147,19 @@ def read_cache_rows(cache: Cache, layer_id: int, num_rows: int) -> tuple[torch.T
 class HiddenStateCapture:
     """Forward hooks that record the outputs of selected target layers, keeping only the last `keep` positions.
 
-    `keep=None` keeps every position (training). The hooks are removed by `remove()` or when the capture object is
-    garbage-collected, so a candidate generator that owns one leaves the target unchanged once `generate` returns.
+    `keep=None` keeps every position (training). Only forwards run by the thread that created the capture are
+    recorded: another thread may run the same target meanwhile (a plain `generate` in a server). The hooks are removed
+    by `remove()` or when the capture object is garbage-collected.
     """
 
     def __init__(self, layers: nn.ModuleList, layer_ids: list[int], keep: int | None):
         self.states: list[torch.Tensor | None] = [None] * len(layer_ids)
-        buffer, handles = self.states, []
+        buffer, handles, owner = self.states, [], threading.get_ident()
         for slot, layer_id in enumerate(layer_ids):
 
             def hook(module, args, output, slot=slot):
+                if threading.get_ident() != owner:
+                    return
                 hidden = output[0] if isinstance(output, tuple) else output
                 # clone(): a slice would keep the whole (batch, seq, hidden) output of a long prefill alive.
                 buffer[slot] = (hidden if keep is None else hidden[:, -keep:].clone()).detach()

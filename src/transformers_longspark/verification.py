@@ -15,8 +15,10 @@ drafter:
    writes only its own new rows; cropping rejected rows only shortens the view.
 
 `fast_verification(target, cache, max_length)` applies both for the duration of one `generate` call with a LongSpark
-drafter (the generate hook does this) and restores the target's attention implementation afterwards; plain
-`generate` is never affected. Other modes opt in the same way, e.g. prompt lookup:
+drafter (the generate hook does this) and restores the target's attention implementation afterwards. The switch is
+per call and per thread: while it is on, the target's config names `longspark_verification`, but a forward from any
+other thread (a plain `generate` on the same target in a server) finds the stock `sdpa` function and mask behind that
+name, so plain `generate` is never affected, even concurrently. Other modes opt in the same way, e.g. prompt lookup:
 
     with fast_verification(target):
         target.generate(**inputs, prompt_lookup_num_tokens=10)
@@ -27,6 +29,7 @@ Queries longer than `MAX_FOLDED_QUERIES` (prefill) go to the stock `sdpa` kernel
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 
 import torch
@@ -64,7 +67,7 @@ def grouped_verification_attention(
     num_kv_heads, num_keys = key.shape[1], key.shape[2]
     unsupported = dropout > 0.0 or kwargs.get("position_bias") is not None or kwargs.get("s_aux") is not None
     float_mask = attention_mask is not None and attention_mask.dtype != torch.bool
-    if num_queries > MAX_FOLDED_QUERIES or unsupported or float_mask:
+    if num_queries > MAX_FOLDED_QUERIES or unsupported or float_mask or not _thread.depth:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)  # fmt: skip
     groups = num_heads // num_kv_heads
@@ -88,6 +91,15 @@ def grouped_verification_attention(
         out.view(batch, num_kv_heads, groups, num_queries, head_dim).masked_fill_(attends_to_nothing, 0.0)
     return out.view(batch, num_heads, num_queries, head_dim).transpose(1, 2).contiguous(), None
 
+
+class _ThreadState(threading.local):
+    depth = 0  # `fast_verification` blocks open in this thread; 0: every forward takes the stock `sdpa` path
+
+
+_thread = _ThreadState()
+# Per model config: (the attention implementation to restore, open `fast_verification` blocks in all threads).
+_switched: dict[int, tuple[str, int]] = {}
+_switch_lock = threading.Lock()
 
 AttentionInterface.register(ATTENTION_NAME, grouped_verification_attention)
 AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
@@ -157,21 +169,33 @@ def fast_verification(
     """Verifies with `grouped_verification_attention` (and appends into reserved cache rows) inside the block.
 
     The attention implementation is switched only when the model uses `sdpa` (the default): a model set to `eager`,
-    flash attention or a kernel keeps its own. It is restored on exit, exceptions included. `cache` (still empty)
-    gets `max_length` reserved rows per full-attention layer; it is not restored, as its layers hold the rows.
+    flash attention or a kernel keeps its own. Only forwards from this thread take the fast path (see the module
+    docstring); the last block to exit, in any thread, restores the model's implementation, exceptions included.
+    `cache` (still empty) gets `max_length` reserved rows per full-attention layer; it is not restored, as its layers
+    hold the rows.
     """
     if cache is not None and max_length is not None:
         reserve_cache_rows(cache, max_length)
     config = model.config
-    previous = config._attn_implementation
-    switch = previous == "sdpa"
-    if switch:
-        config._attn_implementation = ATTENTION_NAME
+    key = id(config)
+    with _switch_lock:
+        previous, count = _switched.get(key, (config._attn_implementation, 0))
+        switch = previous == "sdpa"
+        if switch:
+            _switched[key] = (previous, count + 1)
+            config._attn_implementation = ATTENTION_NAME
+    _thread.depth += 1
     try:
         yield
     finally:
+        _thread.depth -= 1
         if switch:
-            config._attn_implementation = previous
+            with _switch_lock:
+                previous, count = _switched.pop(key)
+                if count > 1:
+                    _switched[key] = (previous, count - 1)
+                else:
+                    config._attn_implementation = previous
 
 
 __all__ = [

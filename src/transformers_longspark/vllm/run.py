@@ -23,6 +23,11 @@ from typing import Any
 
 from .proposer import DRAFT_LOG_ENV, DRAFTER_ENV
 
+# vLLM's CPU backend otherwise reserves `gpu_memory_utilization` (default 0.92) of a memory node's RAM at start-up and
+# refuses to start when anything else uses that much ("Available memory on node ... is less than desired CPU memory
+# utilization"); an explicit KV-cache size skips that reservation. 1 GiB holds ~23K tokens of SmolLM2-135M in fp32.
+DEFAULT_KV_CACHE_BYTES = 1 << 30
+
 SPEC_COUNTERS = {
     "vllm:spec_decode_num_drafts": "drafts",
     "vllm:spec_decode_num_draft_tokens": "draft_tokens",
@@ -111,7 +116,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-speculative-tokens", type=int, default=7)
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--max-num-batched-tokens", type=int, help="prefill chunk budget per step")
-    parser.add_argument("--kv-cache-bytes", type=int, help="KV-cache size (small values force preemption)")
+    parser.add_argument("--kv-cache-bytes", type=int, default=DEFAULT_KV_CACHE_BYTES,
+                        help="KV-cache size in bytes (default 1 GiB, instead of vLLM's 92%% of RAM; small values force "
+                        "preemption)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.method == "longspark" and not args.drafter:
         parser.error("--method longspark needs --drafter DIR")
