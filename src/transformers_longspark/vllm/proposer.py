@@ -18,13 +18,14 @@ if it comes back, the state is rebuilt from its rows in the cache. Drafts are ar
 sampler takes custom drafts as one-hot proposals, which is exact under sampling too).
 
 vLLM passes this interface neither request ids nor hidden states, so the proposer reads the model runner's batch
-(`input_batch`, `query_start_loc`): the runner is found once, as the caller of `load_model`. This is vLLM's
-experimental interface (0.32, V1 runner only); a production GPU path would be a proposer in the V2 runner.
+(`input_batch`, `query_start_loc`): the runner is found once, as the caller of `load_model` (see `_find_runner`).
+This is vLLM's experimental interface (0.32, V1 runner only); a production GPU path would be a proposer in the V2
+runner. What it cannot serve is refused by name: tensor- or pipeline-parallel engines, sliding-window (hybrid) targets,
+several KV-cache groups, and compiled (non-eager) models.
 """
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import sys
@@ -38,13 +39,16 @@ from torch import nn
 from ..context_state import DraftContext, LongSparkContextState, stack_contexts
 from ..drafting import draft_tokens, drafting_thresholds, read_draft_context
 from ..modeling_longspark import LongSparkDrafterModel
-from ..targets import TargetModules, check_target_compatible
+from ..targets import TargetModules, check_target_compatible, sliding_window_layers
 from .paged_kv import PagedRequestRows
 
 DRAFTER_ENV = "LONGSPARK_DRAFTER"
 """Environment variable naming the drafter folder (vLLM's `speculative_config.model` holds the class path)."""
 DRAFT_LOG_ENV = "LONGSPARK_VLLM_DRAFT_LOG"
 """Optional: a JSONL file that receives one line per drafting round (request id, cache rows, anchor, drafts)."""
+RUNNER_SEARCH_DEPTH = 8
+"""How many frames above `load_model` are searched for the model runner (vLLM calls it from the runner's own
+`load_model`, one frame up; the rest leaves room for decorators and wrappers)."""
 
 
 @dataclass
@@ -94,12 +98,12 @@ class LongSparkProposer:
                 f"most {config.block_size} tokens; use 1 <= num_speculative_tokens <= {config.block_size}."
             )
         _check_eager(vllm_config)
+        _check_single_worker(vllm_config.parallel_config)
         self.vllm_config = vllm_config
         self.layer_ids = list(config.target_layer_ids)
+        _check_full_attention(self.hf_config, self.layer_ids)
         self.token_threshold, self.block_threshold = drafting_thresholds(self.drafter)
-        eos = getattr(self.hf_config, "eos_token_id", None)
-        eos = [eos] if isinstance(eos, int) else list(eos or [])
-        self.eos_token_ids = torch.tensor(eos, dtype=torch.long) if eos else None
+        self.eos_token_ids = eos_token_ids(model_config)
         self.states: dict[str, LongSparkContextState] = {}
         self.hidden_states: list[torch.Tensor | None] = [None] * len(self.layer_ids)
         self.runner = None
@@ -107,8 +111,9 @@ class LongSparkProposer:
         self.draft_log = os.environ.get(DRAFT_LOG_ENV)
 
     def load_model(self, target_model: nn.Module) -> None:
-        """Called by vLLM's CPU runner with the loaded target: binds the drafter to the target's embedding, final
-        norm, LM head and rotary embedding, and hooks the selected decoder layers."""
+        """Called by vLLM's model runner with the loaded target: finds that runner (`_find_runner`), binds the drafter
+        to the target's embedding, final norm, LM head and rotary embedding, and hooks the selected decoder layers
+        (each step's `hidden_states[slot]` is then `(num_tokens, hidden_size)`, the rows of the step's forward)."""
         self.runner = _find_runner(self)
         self.drafter.bind_target(_target_modules(target_model, self.hf_config, self.dtype))
         layers = target_model.model.layers
@@ -135,17 +140,20 @@ class LongSparkProposer:
         """One block of drafts per request of the runner's batch, in batch order (`[]` for a request still in
         prefill); called after the step's tokens were sampled and booked (`num_tokens_no_spec` includes them)."""
         start = time.perf_counter()
+        if self.runner is None:
+            raise RuntimeError("LongSparkProposer.propose was called before load_model bound it to vLLM's runner.")
         batch = self.runner.input_batch
         request_ids = list(batch.req_ids[: len(sampled_token_ids)])
         for request_id in set(self.states) - set(request_ids):  # finished, preempted or not scheduled
             del self.states[request_id]
         query_start = self.runner.query_start_loc.np
-        kv_caches, block_table = self._kv_caches(), batch.block_table[0]  # one KV-cache group (full attention)
+        kv_caches, block_table = self._kv_caches(), _single_block_table(batch.block_table)
         drafting = [i for i in range(len(request_ids)) if sampled_token_ids[i]]  # the others are still in prefill
         contexts, anchors, lengths, built = [], [], [], []
         for i in drafting:
             num_rows = int(num_tokens_no_spec[i]) - 1  # the last sampled token (the anchor) has no KV row yet
-            boundary_row = int(query_start[i]) + (num_rows - 1) - int(batch.num_computed_tokens_cpu[i])
+            boundary_row = step_row(request_ids[i], num_rows - 1, int(batch.num_computed_tokens_cpu[i]),
+                                    int(query_start[i]), int(query_start[i + 1]))  # fmt: skip
             block_ids = block_table.block_table.np[i, : block_table.num_blocks_per_row[i]]
             rows = PagedRequestRows(kv_caches, block_ids, num_rows, self.dtype)
             context, new_state = self._context(request_ids[i], rows, boundary_row)
@@ -210,10 +218,91 @@ class _ConfigOnly:
     name_or_path: str
 
 
-def _check_eager(vllm_config: Any) -> None:
-    from vllm.config import CompilationMode
+def step_row(request_id: str, position: int, num_computed: int, query_start: int, query_end: int) -> int:
+    """The row of the step's flattened forward `(num_tokens, hidden)` that holds `position` of one request.
 
-    if vllm_config.compilation_config.mode != CompilationMode.NONE:
+    The step ran the request's positions `[num_computed, num_computed + query_end - query_start)` as rows
+    `[query_start, query_end)`. A position outside them (the runner's bookkeeping is not what this proposer reads it
+    as) would silently take another request's hidden state, so it raises instead, naming the request."""
+    row = query_start + position - num_computed
+    if not query_start <= row < query_end:
+        raise RuntimeError(
+            f"LongSparkProposer: position {position} of request {request_id!r} is row {row} of this step's forward, "
+            f"outside the request's rows [{query_start}, {query_end}) (it had {num_computed} computed tokens before "
+            "the step). vLLM's batch does not hold the request's last accepted token where this proposer reads it; it "
+            "was written for vLLM 0.32's V1 model runner."
+        )
+    return row
+
+
+def _single_block_table(block_tables: Any) -> Any:
+    """The `BlockTable` of the runner's only KV-cache group (`input_batch.block_table`, a `MultiGroupBlockTable`)."""
+    groups = block_tables.block_tables
+    if len(groups) != 1:
+        raise RuntimeError(
+            f"LongSparkProposer reads one KV-cache group (a target whose layers all use full attention), but this "
+            f"engine has {len(groups)} KV-cache groups (a hybrid model: sliding-window, Mamba or other mixed layers "
+            "keep their blocks in groups of their own). Serve a full-attention target."
+        )
+    return groups[0]
+
+
+def eos_token_ids(model_config: Any) -> torch.LongTensor | None:
+    """`(n,)` sorted token ids that end a request: the target's generation config's `eos_token_id` (vLLM adds those to
+    every request's stop tokens) together with its model config's, or `None` if neither names one.
+
+    `model_config` is vLLM's `ModelConfig`: `try_get_generation_config()` returns the non-default fields of the
+    target's `generation_config.json` as a dict (`{}` without one), and `hf_config` is the target's config."""
+    ids: set[int] = set()
+    for value in (model_config.try_get_generation_config().get("eos_token_id"),
+                  getattr(model_config.hf_config, "eos_token_id", None)):  # fmt: skip
+        if value is not None:
+            ids.update([value] if isinstance(value, int) else value)
+    return torch.tensor(sorted(ids), dtype=torch.long) if ids else None
+
+
+def _check_single_worker(parallel_config: Any) -> None:
+    """Refuses engines that split the target across workers (vLLM's `ParallelConfig`)."""
+    split = {name: getattr(parallel_config, name) for name in ("tensor_parallel_size", "pipeline_parallel_size")}
+    split = {name: size for name, size in split.items() if size > 1}
+    if split:
+        settings = ", ".join(f"{name}={size}" for name, size in split.items())
+        raise ValueError(
+            f"LongSparkProposer needs one worker that holds the whole target, but this engine splits it ({settings}): "
+            "a worker would hold only some KV heads (tensor parallel) or some layers (pipeline parallel) of the "
+            "layers the drafter reads. Use tensor_parallel_size=1 and pipeline_parallel_size=1; to serve more "
+            "requests, run data-parallel replicas (`data_parallel_size`) instead."
+        )
+
+
+def _check_full_attention(hf_config: Any, layer_ids: list[int]) -> None:
+    """Refuses targets with sliding-window layers, whichever layers the drafter reads."""
+    window, sliding = sliding_window_layers(hf_config)
+    if not sliding:
+        return
+    read = [i for i in layer_ids if i in sliding]
+    which = f"the drafter reads {read} of them" if read else "the drafter reads none of them"
+    raise ValueError(
+        f"LongSparkProposer does not serve sliding-window targets: layers {sliding} of this target attend to their "
+        f"last {window} tokens only ({which}). vLLM's paged cache frees a sliding layer's blocks once they leave the "
+        "window, so the rows are gone before the drafter's global summary absorbs them, and it keeps sliding layers "
+        "in KV-cache groups of their own, while this proposer reads one group. Serve a full-attention target, or "
+        "draft with transformers (`generate(assistant_model=drafter)`) using a drafter whose target_layer_ids are "
+        "full-attention layers."
+    )
+
+
+def _eager_mode() -> int:
+    """vLLM's `CompilationMode.NONE`; its value (an `IntEnum` 0) where vLLM is not installed (unit tests)."""
+    try:
+        from vllm.config import CompilationMode
+    except ImportError:
+        return 0
+    return CompilationMode.NONE
+
+
+def _check_eager(vllm_config: Any) -> None:
+    if vllm_config.compilation_config.mode != _eager_mode():
         raise ValueError(
             "LongSparkProposer reads the target's hidden states with forward hooks, which torch.compile bypasses; "
             "create the engine with `enforce_eager=True`."
@@ -221,14 +310,31 @@ def _check_eager(vllm_config: Any) -> None:
 
 
 def _find_runner(proposer: LongSparkProposer) -> Any:
-    """The model runner whose `drafter` is `proposer`: the caller of `load_model`, else found among live objects."""
-    caller = sys._getframe(2).f_locals.get("self")
-    if getattr(caller, "drafter", None) is proposer:
-        return caller
-    for candidate in gc.get_objects():
-        if getattr(candidate, "drafter", None) is proposer and hasattr(candidate, "input_batch"):
-            return candidate
-    raise RuntimeError("LongSparkProposer could not find vLLM's model runner; it needs vLLM's V1 model runner.")
+    """The model runner that owns `proposer`, found among the callers of `proposer.load_model`.
+
+    vLLM 0.32's V1 runner (`GPUModelRunner`, and `CPUModelRunner` which extends it) builds a `custom_class` proposer
+    from the config alone (`create_custom_proposer(vllm_config)` in its `__init__`, stored as `runner.drafter`) and
+    never hands it a reference to itself; `propose` gets token ids only. The one place the runner shows itself is its
+    own `load_model`, which calls `self.drafter.load_model(self.model)`. So the runner is the `self` of the nearest
+    calling frame (at most `RUNNER_SEARCH_DEPTH` up) whose `drafter` is this very proposer (identity: two engines in
+    one process each find their own) and that has an `input_batch`. Nothing else is searched: where no caller
+    qualifies, it raises rather than guess."""
+    frame = sys._getframe(1).f_back  # the caller of `proposer.load_model`
+    try:
+        for _ in range(RUNNER_SEARCH_DEPTH):
+            if frame is None:
+                break
+            candidate = frame.f_locals.get("self")
+            if getattr(candidate, "drafter", None) is proposer and hasattr(candidate, "input_batch"):
+                return candidate
+            frame = frame.f_back
+    finally:
+        del frame  # frames hold their locals: do not keep them alive
+    raise RuntimeError(
+        "LongSparkProposer could not find vLLM's model runner: load_model must be called by the runner that holds "
+        "this proposer as its `drafter` (vLLM 0.32's V1 model runner, `speculative_config.method='custom_class'`), "
+        f"within {RUNNER_SEARCH_DEPTH} frames."
+    )
 
 
 def _target_modules(target_model: nn.Module, hf_config: Any, dtype: torch.dtype) -> TargetModules:
@@ -248,4 +354,4 @@ def _target_modules(target_model: nn.Module, hf_config: Any, dtype: torch.dtype)
                          rotary_emb=rotary_emb, layers=decoder.layers)  # fmt: skip
 
 
-__all__ = ["DRAFTER_ENV", "DRAFT_LOG_ENV", "LongSparkProposer", "ProposerStats"]
+__all__ = ["DRAFTER_ENV", "DRAFT_LOG_ENV", "LongSparkProposer", "ProposerStats", "eos_token_ids", "step_row"]

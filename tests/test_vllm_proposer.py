@@ -1,0 +1,296 @@
+"""`LongSparkProposer` against a fake vLLM model runner, without vLLM.
+
+The fake holds what the proposer reads of vLLM 0.32's V1 runner: the batch (`input_batch`: request ids in batch order,
+computed tokens, the block table of one KV-cache group), `query_start_loc`, the paged KV cache (written with the
+reference packer of `test_vllm.py`, rejected drafts' rows left in it as noise) and the step's hidden states. The
+drafts it returns for each request must equal the transformers path's for that request alone: the same target rows
+in a `DynamicCache`, the same boundary states, `read_draft_context` + `draft_tokens` with a state kept per request.
+What it cannot serve is refused by name.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from test_vllm import pack_blocks
+
+from conftest import make_drafter, make_target
+from transformers_longspark.context_state import LongSparkContextState
+from transformers_longspark.drafting import draft_tokens, drafting_thresholds, read_draft_context
+from transformers_longspark.targets import HiddenStateCapture
+from transformers_longspark.vllm import DRAFTER_ENV, LongSparkProposer
+from transformers_longspark.vllm.proposer import eos_token_ids, step_row
+
+BLOCK = 16  # rows per paged-cache block
+NUM_BLOCKS = 24  # physical blocks of the fake cache
+MAX_REQS, MAX_LEN = 6, 64  # the runner's preallocated batch rows and token columns
+NUM_SPECULATIVE = 4
+
+
+def fake_vllm_config(hf_config, tensor_parallel=1, pipeline_parallel=1, mode=0, generation_config=None):
+    """The attributes of vLLM's `VllmConfig` that the proposer reads (KV caches are bound later, as in vLLM)."""
+    return SimpleNamespace(
+        model_config=SimpleNamespace(hf_config=hf_config, dtype=torch.float32, model="target",
+                                     try_get_generation_config=lambda: dict(generation_config or {})),
+        speculative_config=SimpleNamespace(num_speculative_tokens=NUM_SPECULATIVE),
+        compilation_config=SimpleNamespace(mode=mode, static_forward_context={}),
+        parallel_config=SimpleNamespace(tensor_parallel_size=tensor_parallel, pipeline_parallel_size=pipeline_parallel),
+    )  # fmt: skip
+
+
+class FakeRunner:
+    """vLLM's model runner as the proposer sees it: it owns the proposer (`drafter`) and calls its `load_model`."""
+
+    def __init__(self, proposer: LongSparkProposer, model: torch.nn.Module):
+        self.drafter, self.model = proposer, model
+        self.input_batch = self.query_start_loc = None
+
+    def load_model(self) -> None:
+        self.drafter.load_model(self.model)
+
+
+@dataclass
+class Request:
+    """One request: its true tokens, its physical cache blocks, and the transformers path's state (the reference)."""
+
+    request_id: str
+    tokens: list[int]
+    block_ids: list[int]
+    state: LongSparkContextState | None = field(default=None, repr=False)
+
+
+@dataclass
+class Scheduled:
+    """A request in one step: the forward ran its positions `[num_computed, num_computed + num_scheduled)`; after
+    sampling it holds `num_rows` valid cache rows and a sampled token at position `num_rows` (`None`: still in
+    prefill). Rows in `[num_rows, num_computed + num_scheduled)` are rejected drafts: noise in the fake cache."""
+
+    request: Request
+    num_computed: int
+    num_scheduled: int
+    num_rows: int | None
+
+    @property
+    def end(self) -> int:
+        return self.num_computed + self.num_scheduled
+
+
+def run_target(target, layer_ids: list[int], tokens: list[int]):
+    """The target alone on `tokens`: its `DynamicCache`, and each selected layer's outputs `(len(tokens), hidden)`."""
+    capture = HiddenStateCapture(target.model.layers, layer_ids, keep=None)
+    with torch.no_grad():
+        cache = target(torch.tensor([tokens]), use_cache=True).past_key_values
+    capture.remove()
+    return cache, [state[0] for state in capture.states]
+
+
+def transformers_drafts(drafter, request: Request, cache, hidden: list[torch.Tensor], num_rows: int) -> list[int]:
+    """The transformers path's round for one request alone: its state absorbs the cache, boundary at the last row."""
+    config = drafter.config
+    if request.state is None:
+        request.state = LongSparkContextState(config.num_draft_layers, config.summary_chunk_size)
+    request.state.boundary_states = torch.cat([h[num_rows - 1] for h in hidden])[None]
+    context = read_draft_context(drafter, request.state, cache, num_rows)
+    sequences = torch.tensor([[request.tokens[num_rows]] + [0] * NUM_SPECULATIVE])
+    row, one = torch.zeros(1, dtype=torch.long), torch.ones(1, dtype=torch.long)
+    token_threshold, block_threshold = drafting_thresholds(drafter)
+    tokens, _, num_drafted = draft_tokens(drafter, context, sequences, row, one, one * NUM_SPECULATIVE, None, False,
+                                          token_threshold, None, block_threshold)  # fmt: skip
+    return tokens[0, : int(num_drafted[0])].tolist()
+
+
+def fake_block_table(scheduled: list[Scheduled]) -> SimpleNamespace:
+    """vLLM's `MultiGroupBlockTable` with one group: `block_table.np` `(MAX_REQS, max blocks)`, `num_blocks_per_row`."""
+    table = np.zeros((MAX_REQS, MAX_LEN // BLOCK), dtype=np.int32)
+    counts = np.zeros(MAX_REQS, dtype=np.int32)
+    for i, s in enumerate(scheduled):
+        counts[i] = math.ceil(s.end / BLOCK)
+        table[i, : counts[i]] = s.request.block_ids[: counts[i]]
+    group = SimpleNamespace(block_table=SimpleNamespace(np=table), num_blocks_per_row=counts)
+    return SimpleNamespace(block_tables=[group])
+
+
+def write_step(proposer, runner, target, drafter, scheduled: list[Scheduled]):
+    """Lays one step out as vLLM would (batch, paged cache, the forward's hidden states) and returns the arguments of
+    `propose`, with each request's reference drafts (`None` for a request still in prefill)."""
+    layer_ids, noise = proposer.layer_ids, torch.Generator().manual_seed(7)
+    kv_caches = {i: proposer.vllm_config.compilation_config.static_forward_context[f"model.layers.{i}.self_attn.attn"]
+                 .kv_cache for i in layer_ids}  # fmt: skip
+    step_hidden, query_start, references = [[] for _ in layer_ids], [0], []
+    token_ids = np.zeros((MAX_REQS, MAX_LEN), dtype=np.int32)
+    num_tokens_no_spec, num_computed = np.zeros(MAX_REQS, dtype=np.int32), np.zeros(MAX_REQS, dtype=np.int32)
+    for i, s in enumerate(scheduled):
+        valid = s.end if s.num_rows is None else s.num_rows
+        cache, hidden = run_target(target, layer_ids, s.request.tokens[:valid])
+        num_blocks = math.ceil(s.end / BLOCK)
+        for slot, layer_id in enumerate(layer_ids):
+            keys, values = (torch.cat([t[0], torch.randn(*t.shape[1:2], num_blocks * BLOCK - valid, t.shape[3],
+                                                         generator=noise)], dim=1)
+                            for t in (cache.layers[layer_id].keys, cache.layers[layer_id].values))  # fmt: skip
+            kv_caches[layer_id][s.request.block_ids[:num_blocks]] = pack_blocks(keys, values, "vec", BLOCK)
+            rejected = torch.randn(s.end - valid, hidden[slot].shape[-1], generator=noise)
+            step_hidden[slot].append(torch.cat([hidden[slot][s.num_computed : valid], rejected]))
+        query_start.append(query_start[-1] + s.num_scheduled)
+        known = valid if s.num_rows is None else s.num_rows + 1
+        token_ids[i, :known], num_tokens_no_spec[i], num_computed[i] = s.request.tokens[:known], known, s.num_computed
+        references.append(None if s.num_rows is None else transformers_drafts(drafter, s.request, cache, hidden, valid))
+    # The forward's rows, padded as vLLM pads a step's tokens; set after the reference forwards (the hooks fire there).
+    proposer.hidden_states[:] = [torch.cat([*rows, torch.randn(3, rows[0].shape[-1], generator=noise)])
+                                 for rows in step_hidden]  # fmt: skip
+    runner.input_batch = SimpleNamespace(
+        req_ids=[s.request.request_id for s in scheduled], num_computed_tokens_cpu=num_computed,
+        block_table=fake_block_table(scheduled), num_tokens_no_spec=num_tokens_no_spec, token_ids_cpu=token_ids,
+    )  # fmt: skip
+    runner.query_start_loc = SimpleNamespace(np=np.array(query_start + [query_start[-1]] * (MAX_REQS - len(scheduled))))
+    sampled = [[] if s.num_rows is None else s.request.tokens[s.num_rows : s.num_rows + 1] for s in scheduled]
+    return (sampled, num_tokens_no_spec, token_ids), references
+
+
+@pytest.fixture
+def served(tmp_path, monkeypatch):
+    """A tiny target, a drafter saved where `LONGSPARK_DRAFTER` points, and a proposer bound to a fake runner."""
+    target = make_target("qwen3")
+    drafter = make_drafter(target)
+    drafter.generation_config.assistant_confidence_threshold = 0.0  # whole blocks: more tokens to compare
+    with torch.no_grad():  # a trained drafter's Markov correction is not zero: the anchor then shapes the drafts
+        drafter.markov_proj.weight.normal_(std=1.0, generator=torch.Generator().manual_seed(5))
+    drafter.save_pretrained(tmp_path)
+    monkeypatch.setenv(DRAFTER_ENV, str(tmp_path))
+    drafter.bind_target(target)
+    proposer = LongSparkProposer(fake_vllm_config(target.config))
+    config = target.config
+    shape = (NUM_BLOCKS, config.num_key_value_heads, BLOCK, 2 * config.head_dim)
+    proposer.vllm_config.compilation_config.static_forward_context.update(
+        {f"model.layers.{i}.self_attn.attn": SimpleNamespace(kv_cache=torch.zeros(shape), isa="vec")
+         for i in proposer.layer_ids})  # fmt: skip
+    runner = FakeRunner(proposer, target)
+    runner.load_model()
+    blocks = torch.randperm(NUM_BLOCKS, generator=torch.Generator().manual_seed(3)).tolist()
+    requests = {
+        name: Request(f"req-{name}", torch.randint(config.vocab_size, (MAX_LEN,), generator=torch.Generator()
+                      .manual_seed(10 + n)).tolist(), blocks[4 * n : 4 * n + 4])
+        for n, name in enumerate("abcd")
+    }  # fmt: skip
+    return SimpleNamespace(target=target, drafter=drafter, proposer=proposer, runner=runner, requests=requests)
+
+
+def test_drafts_equal_the_transformers_path_per_request(served):
+    """Two steps, batch order permuted against insertion order and between steps: a prefill chunk, a last prefill
+    chunk, decodes with rejected drafts in the cache, a request that left. Mixed-up requests, rows or boundary
+    states (the requests' prompts and so their drafts differ) would change some request's drafts."""
+    a, b, c, d = (served.requests[name] for name in "abcd")
+    steps = [
+        [Scheduled(c, 0, 16, None), Scheduled(a, 20, 5, 23), Scheduled(d, 30, 5, 35), Scheduled(b, 16, 21, 37)],
+        [Scheduled(b, 37, 5, 38), Scheduled(c, 16, 10, 26), Scheduled(a, 23, 5, 28)],  # d left; a's state is kept
+    ]
+    for scheduled in steps:
+        arguments, references = write_step(served.proposer, served.runner, served.target, served.drafter, scheduled)
+        drafts = served.proposer.propose(*arguments)
+        assert drafts == [[] if r is None else r for r in references]
+        drafted = [tuple(r) for r in references if r is not None]
+        assert all(len(r) == NUM_SPECULATIVE for r in drafted) and len(set(drafted)) == len(drafted)
+        assert set(served.proposer.states) == {s.request.request_id for s in scheduled if s.num_rows is not None}
+    assert served.proposer.stats.states_built == 4  # a, d, b in step 1, c in step 2; a and b were kept
+
+
+def test_boundary_row_outside_the_request_slice_is_refused(served):
+    a, b = served.requests["a"], served.requests["b"]
+    scheduled = [Scheduled(b, 16, 21, 37), Scheduled(a, 20, 5, 23)]
+    arguments, _ = write_step(served.proposer, served.runner, served.target, served.drafter, scheduled)
+    served.runner.input_batch.num_computed_tokens_cpu[1] = 25  # a's boundary 22 would be row 21 + 22 - 25 = 18: b's
+    with pytest.raises(RuntimeError, match=r"position 22 of request 'req-a' is row 18 .* rows \[21, 26\)"):
+        served.proposer.propose(*arguments)
+
+
+def test_step_row():
+    assert step_row("r", 22, 20, 21, 26) == 23
+    for position in (19, 25):  # before the step, and past the rows it ran
+        with pytest.raises(RuntimeError, match="request 'r'"):
+            step_row("r", position, 20, 21, 26)
+
+
+def test_several_kv_cache_groups_are_refused(served):
+    a = served.requests["a"]
+    arguments, _ = write_step(served.proposer, served.runner, served.target, served.drafter, [Scheduled(a, 20, 5, 23)])
+    groups = served.runner.input_batch.block_table.block_tables
+    groups.append(groups[0])  # e.g. a hybrid model's sliding-window layers
+    with pytest.raises(RuntimeError, match=r"reads one KV-cache group .* has 2 KV-cache groups"):
+        served.proposer.propose(*arguments)
+
+
+class WrappingRunner(FakeRunner):
+    """A runner whose `load_model` reaches the proposer's through a helper function (a frame without `self`)."""
+
+    def load_model(self) -> None:
+        load_drafter(self.drafter, self.model)
+
+
+def load_drafter(proposer: LongSparkProposer, model: torch.nn.Module) -> None:
+    proposer.load_model(model)
+
+
+def test_runner_is_the_caller_that_owns_the_proposer(served):
+    """Two engines in one process: each proposer binds to its own runner (also through a helper frame); a caller
+    that is no runner is refused."""
+    other = LongSparkProposer(fake_vllm_config(served.target.config))
+    other_runner = WrappingRunner(other, served.target)
+    other_runner.load_model()
+    assert other.runner is other_runner and served.proposer.runner is served.runner
+    stray = LongSparkProposer(fake_vllm_config(served.target.config))
+    with pytest.raises(RuntimeError, match="could not find vLLM's model runner"):
+        stray.load_model(served.target)  # not called by a runner (the served runner's drafter is another proposer)
+    with pytest.raises(RuntimeError, match="before load_model"):
+        stray.propose([], None, None)
+
+
+@pytest.fixture
+def saved_drafter(tmp_path, monkeypatch):
+    target = make_target("qwen3")
+    make_drafter(target).save_pretrained(tmp_path)
+    monkeypatch.setenv(DRAFTER_ENV, str(tmp_path))
+    return target
+
+
+@pytest.mark.parametrize(("options", "setting"), [
+    (dict(tensor_parallel=2), "tensor_parallel_size=2"),
+    (dict(pipeline_parallel=4), "pipeline_parallel_size=4"),
+    (dict(tensor_parallel=2, pipeline_parallel=2), "tensor_parallel_size=2, pipeline_parallel_size=2"),
+])  # fmt: skip
+def test_parallel_targets_are_refused(saved_drafter, options, setting):
+    with pytest.raises(ValueError, match=rf"splits it \({setting}\).*data_parallel_size"):
+        LongSparkProposer(fake_vllm_config(saved_drafter.config, **options))
+
+
+@pytest.mark.parametrize(("layer_types", "message"), [
+    (["full_attention", "full_attention", "sliding_attention", "sliding_attention"], r"\[2, 3\] of them"),
+    (["full_attention", "sliding_attention", "full_attention", "full_attention"], "none of them"),
+])  # fmt: skip
+def test_sliding_window_targets_are_refused(saved_drafter, layer_types, message):
+    """The drafter reads layers [0, 2, 3]; a sliding layer anywhere is refused (its own KV-cache group)."""
+    sliding = make_target("qwen3", sliding_window=16, use_sliding_window=True, layer_types=layer_types).config
+    pattern = rf"sliding-window targets: layers .* last 16 tokens only \(the drafter reads {message}\)"
+    with pytest.raises(ValueError, match=pattern):
+        LongSparkProposer(fake_vllm_config(sliding))
+
+
+def test_compiled_targets_are_refused(saved_drafter):
+    with pytest.raises(ValueError, match="enforce_eager=True"):
+        LongSparkProposer(fake_vllm_config(saved_drafter.config, mode=3))  # CompilationMode.VLLM_COMPILE
+
+
+def test_eos_ids_come_from_the_generation_config_and_the_model_config(saved_drafter):
+    def model_config(generation_eos, config_eos):
+        hf_config = SimpleNamespace(eos_token_id=config_eos)
+        return SimpleNamespace(hf_config=hf_config, try_get_generation_config=lambda: {"eos_token_id": generation_eos})
+
+    assert eos_token_ids(model_config([7, 5], 2)).tolist() == [2, 5, 7]
+    assert eos_token_ids(model_config(9, None)).tolist() == [9]
+    assert eos_token_ids(model_config(None, [3, 4])).tolist() == [3, 4]
+    assert eos_token_ids(model_config(None, None)) is None
+    proposer = LongSparkProposer(fake_vllm_config(saved_drafter.config, generation_config={"eos_token_id": [11, 12]}))
+    assert proposer.eos_token_ids.tolist() == [11, 12]  # the target's config names none (make_target)
