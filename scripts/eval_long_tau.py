@@ -137,8 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.num_threads)
 
-    import transformers_longspark  # noqa: F401  (routes assistant_model=<LongSpark drafter>)
-    from transformers_longspark import LongSparkDrafterModel
+    from transformers_longspark import LongSparkDrafterModel  # registers LongSpark with transformers
     from transformers_longspark.loading import load_target
 
     target, tokenizer = load_target("smollm2")

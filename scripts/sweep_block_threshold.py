@@ -18,7 +18,6 @@ import time
 
 import torch
 
-import transformers_longspark  # noqa: F401  (routes generate(assistant_model=drafter) to LongSpark)
 from transformers_longspark.benchmarks import long_context_prompts
 from transformers_longspark.loading import load_drafter, load_target
 

@@ -6,8 +6,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-import transformers_longspark  # noqa: F401  (installs the generate() hook)
-from transformers_longspark import LongSparkConfig, LongSparkDrafterModel
+from transformers_longspark import LongSparkConfig, LongSparkDrafterModel  # also installs the generate() hook
 
 # The models here are tiny: one thread is faster than several, and leaves a core to other jobs.
 torch.set_num_threads(1)

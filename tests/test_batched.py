@@ -235,19 +235,19 @@ def test_each_rows_context_equals_its_context_alone(monkeypatch):
     over row `r`'s cached tokens alone: the summary absorbs only its real rows, the window holds its last `W` real
     rows, the boundary is its last accepted position."""
     rounds = []
-    read, draft = batched.read_draft_context, batched.draft_tokens
+    read, propose = batched.read_draft_context, batched.propose_blocks
 
     def spy_read(drafter, state, cache, num_columns, column_mask):
         context = read(drafter, state, cache, num_columns, column_mask)
         rounds.append({"context": context})
         return context
 
-    def spy_draft(drafter, context, sequences, rows, lengths, *args):
+    def spy_propose(drafter, context, sequences, rows, lengths, *args):
         rounds[-1].update(sequences=sequences[rows].clone(), lengths=lengths.clone())
-        return draft(drafter, context, sequences, rows, lengths, *args)
+        return propose(drafter, context, sequences, rows, lengths, *args)
 
     monkeypatch.setattr(batched, "read_draft_context", spy_read)
-    monkeypatch.setattr(batched, "draft_tokens", spy_draft)
+    monkeypatch.setattr(batched, "propose_blocks", spy_propose)
     target = context_target("qwen3")
     drafter = make_oracle_drafter(target, window_size=WINDOW, block_size=BLOCK, summary_chunk_size=5)
     greedy_pair(target, drafter, *left_padded(LENGTHS[5], seed=12), max_new_tokens=30)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,95 @@ def test_debug_shows_the_traceback_and_bugs_keep_theirs(tmp_path, monkeypatch):
     monkeypatch.setattr("transformers_longspark.model_card.write_model_card", bug)
     with pytest.raises(TypeError, match="a bug"):
         cli.main(["card", str(tmp_path), "--benchmark", str(tmp_path / "bench.json")])
+
+
+# --- early rejection and import cost ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Any model load (or a run that would load one) fails the test: errors must come before."""
+
+    def load(*args, **kwargs):
+        raise AssertionError("a model was loaded before the bad input was rejected")
+
+    monkeypatch.setattr("transformers_longspark.loading.load_target", load)
+    monkeypatch.setattr("transformers_longspark.loading.load_drafter", load)
+    monkeypatch.setattr("transformers_longspark.data.run_regenerate", load)
+    monkeypatch.setattr("transformers_longspark.benchmarks.cli.run_memory_benchmark", load)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bench", "--drafter", "{missing}"], "Drafter folder {missing} does not exist; pass a folder saved by"),
+        (["bench", "speed", "--target", "{missing}"], "Target folder {missing} does not exist; pass a model folder"),
+        (["bench", "drafting-cost", "--drafter", "{missing}"], "Drafter folder {missing} does not exist"),
+        (["bench", "verify-cost", "--target", "{missing}"], "Target folder {missing} does not exist"),
+        (["bench", "memory", "--drafter", "{missing}"], "Drafter folder {missing} does not exist"),
+        (["bench", "--held-out", "{missing}"], "Held-out folder {missing} does not exist"),
+        (["bench", "--json", "{folder}"], "--json {folder} is a folder; pass a file name."),
+        (["regenerate", "--prompts", "gsm8k", "--output", "{folder}/out", "--target", "{missing}"],
+         "Target folder {missing} does not exist"),
+        (["regenerate", "--prompts", "gsm8k", "--output", "{file}"], "--output {file} is a file; pass a folder."),
+    ],
+)  # fmt: skip
+def test_bad_paths_are_rejected_before_any_model_loads(argv, message, tmp_path, capsys, no_model_loads):
+    paths = {"missing": tmp_path / "missing", "folder": tmp_path, "file": tmp_path / "file.txt"}
+    paths["file"].write_text("")
+    line = cli_error([arg.format(**paths) for arg in argv], capsys)
+    assert message.format(**paths) in line
+
+
+def test_every_option_has_help_text_and_old_flags_still_parse():
+    parser = cli.build_parser()
+
+    def options_without_help(parser, path):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, subparser in action.choices.items():
+                    yield from options_without_help(subparser, f"{path} {name}")
+            elif not action.help:
+                yield f"{path} {'/'.join(action.option_strings) or action.dest}"
+
+    assert list(options_without_help(parser, "longspark")) == []
+    args = parser.parse_args(["bench", "--progress"])  # progress bars are the default now; scripts may pass it
+    assert args.progress and not args.quiet
+    assert parser.parse_args(["bench", "verify-cost", "--quiet"]).quiet
+
+
+HELP_IMPORTS = """
+import sys
+from transformers_longspark import cli
+for argv in {argvs!r}:
+    try:
+        cli.build_parser().parse_args(argv)
+    except SystemExit:
+        pass
+    heavy = sorted(name for name in ("torch", "transformers", "datasets", "accelerate") if name in sys.modules)
+    assert not heavy, f"longspark {{' '.join(argv)}} imported {{heavy}}"
+"""
+
+
+def test_help_imports_neither_torch_nor_transformers():
+    """`longspark --help` and every subcommand's `--help` parse without importing torch or transformers (they take
+    seconds to import), checked in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    argvs = [["--help"], *([*command, "--help"] for command in (
+        ["regenerate"], ["train"], ["card"], ["push"], ["bench"], ["bench", "speed"], ["bench", "drafting-cost"],
+        ["bench", "verify-cost"], ["bench", "memory"]))]  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", HELP_IMPORTS.format(argvs=argvs)], capture_output=True, text=True,
+                            timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "usage: longspark bench memory" in result.stdout
+
+
+def test_cache_folder_is_set_by_longspark_cache(monkeypatch, tmp_path):
+    from transformers_longspark import loading
+
+    monkeypatch.setenv("LONGSPARK_CACHE", str(tmp_path))
+    assert loading._cache_dir().parent == tmp_path
+    monkeypatch.setenv("LONGSPARK_CACHE", "")
+    assert loading._cache_dir().parent == Path.home() / ".cache" / "transformers-longspark"

@@ -17,7 +17,7 @@ from test_generation import SAMPLING, chi_square_pvalue, exact_law
 from test_generation import VOCAB as VOCAB_SMALL
 
 from conftest import make_bigram_target, make_oracle_drafter
-from transformers_longspark import batched
+from transformers_longspark import drafting
 from transformers_longspark.batched import speculative_sampling
 from transformers_longspark.context_state import DraftContext
 from transformers_longspark.drafting import draft_tokens
@@ -158,5 +158,35 @@ def test_generate_law_detects_a_cut_on_the_drawn_token(copies_setup, monkeypatch
         drafted, logits, num_drafted = draft_tokens(*args, **kwargs)
         return drafted, logits, cut_on_drawn_probability(drafted, logits, num_drafted, position=1)
 
-    monkeypatch.setattr(batched, "draft_tokens", biased_draft_tokens)
+    monkeypatch.setattr(drafting, "draft_tokens", biased_draft_tokens)
+    assert chi_square_pvalue(first_three_counts(target, drafter, prompt), law) < 1e-6
+
+
+# --- the lookup source: point-mass proposals, rounds switching between lookup and the drafter ------------------------
+
+
+@pytest.fixture
+def lookup_setup(copies_setup, monkeypatch):
+    """The copies setup with lookup on, and a prompt that repeats itself: whether a round proposes the lookup
+    continuation or a drafted block depends on what was sampled before it."""
+    target, drafter, _, _ = copies_setup
+    monkeypatch.setattr(drafter.generation_config, "lookup_min_match", 2, raising=False)
+    monkeypatch.setattr(drafter.generation_config, "lookup_num_tokens", 4, raising=False)
+    prompt = torch.tensor([[1, 4, 2, 5, 1, 4]])
+    return target, drafter, prompt, exact_law(target, prompt)
+
+
+def test_generate_law_with_lookup_proposals(lookup_setup):
+    target, drafter, prompt, law = lookup_setup
+    counts = first_three_counts(target, drafter, prompt)
+    stats = drafter.drafting_stats
+    assert 0.03 * stats.rounds < stats.lookup_rounds < stats.rounds  # rounds of both sources
+    assert chi_square_pvalue(counts, law) > 1e-3
+
+
+def test_generate_law_detects_lookup_proposals_under_a_wrong_law(lookup_setup, monkeypatch):
+    """Negative control: lookup tokens handed to the verifier as if drawn from a uniform law."""
+    target, drafter, prompt, law = lookup_setup
+    uniform = lambda tokens, vocab_size: torch.zeros(*tokens.shape, vocab_size)  # noqa: E731
+    monkeypatch.setattr(drafting, "point_mass_logits", uniform)
     assert chi_square_pvalue(first_three_counts(target, drafter, prompt), law) < 1e-6

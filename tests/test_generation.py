@@ -259,10 +259,10 @@ def test_confidence_threshold_ends_blocks_early_and_stays_exact(target_kind, thr
 def test_block_confidence_threshold_cuts_where_the_block_probability_falls(target_kind, threshold, monkeypatch):
     """`block_confidence_threshold` ends a block before the first token (after the first) at which the product of
     the block's draft probabilities falls below it; outputs stay exact."""
-    from transformers_longspark import generation
+    from transformers_longspark import drafting
 
     blocks = []  # (block probability after each drafted token, tokens kept, tokens drafted)
-    original = generation.draft_tokens
+    original = drafting.draft_tokens
 
     def spy(*args, **kwargs):
         tokens, logits, num_drafted = original(*args, **kwargs)
@@ -270,7 +270,7 @@ def test_block_confidence_threshold_cuts_where_the_block_probability_falls(targe
         blocks.append((probs.cumprod(0), int(num_drafted[0]), tokens.shape[1]))
         return tokens, logits, num_drafted
 
-    monkeypatch.setattr(generation, "draft_tokens", spy)
+    monkeypatch.setattr(drafting, "draft_tokens", spy)
     target = make_bigram_target(target_kind, vocab_size=64, seed=2)
     drafter = make_oracle_drafter(target, strength=20.0, window_size=WINDOW, block_size=BLOCK)  # q of 0.2 to 0.9
     drafter.generation_config.assistant_confidence_threshold = 0.0

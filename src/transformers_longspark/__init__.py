@@ -1,22 +1,74 @@
 """LongSpark: a fixed-cost block-diffusion speculative drafter for Hugging Face Transformers.
 
-Importing the package registers `LongSparkConfig`/`LongSparkDrafterModel` with `AutoConfig`/`AutoModel` and routes
+The package imports lazily, so that `longspark --help` starts without torch: its names load on first use. That first
+use (`from transformers_longspark import LongSparkDrafterModel`), like building any drafter, calls `register()`, which
+registers `LongSparkConfig`/`LongSparkDrafterModel` with `AutoConfig`/`AutoModel` and routes
 `target.generate(..., assistant_model=drafter)` to the LongSpark candidate generator (one sequence, see
 `generation.py`) or to the batched loop (left-padded batches, see `batched.py`).
 """
 
-from transformers import AutoConfig, AutoModel
+from __future__ import annotations
 
-from .configuration_longspark import LongSparkConfig, select_target_layers
-from .context_state import DraftContext, LongSparkContextState
-from .generation import DraftingStats, LongSparkCandidateGenerator, install_generation_hook
-from .modeling_longspark import LongSparkDrafterModel
+import importlib
+from typing import TYPE_CHECKING, Any
 
-AutoConfig.register(LongSparkConfig.model_type, LongSparkConfig, exist_ok=True)
-AutoModel.register(LongSparkConfig, LongSparkDrafterModel, exist_ok=True)
-install_generation_hook()
+if TYPE_CHECKING:
+    from .configuration_longspark import LongSparkConfig, select_target_layers
+    from .context_state import DraftContext, LongSparkContextState
+    from .generation import DraftingStats, LongSparkCandidateGenerator
+    from .modeling_longspark import LongSparkDrafterModel
 
 __version__ = "0.1.0"
+
+# Public name -> the submodule that defines it.
+_LAZY_NAMES = {
+    "DraftContext": "context_state",
+    "DraftingStats": "generation",
+    "LongSparkCandidateGenerator": "generation",
+    "LongSparkConfig": "configuration_longspark",
+    "LongSparkContextState": "context_state",
+    "LongSparkDrafterModel": "modeling_longspark",
+    "select_target_layers": "configuration_longspark",
+}
+_registered = False
+
+
+def register() -> None:
+    """Registers LongSpark with transformers (idempotent): `AutoConfig`/`AutoModel` learn the `longspark` model type,
+    and `generate(assistant_model=<LongSparkDrafterModel>)` is routed to LongSpark.
+
+    It runs on the first use of any name of this package and whenever a drafter is built, so a call is only needed
+    before `AutoConfig`/`AutoModel.from_pretrained(drafter_dir)` in a program that uses no other LongSpark name.
+    """
+    global _registered
+    if _registered:
+        return
+    from transformers import AutoConfig, AutoModel
+
+    from .configuration_longspark import LongSparkConfig
+    from .generation import install_generation_hook
+    from .modeling_longspark import LongSparkDrafterModel
+
+    AutoConfig.register(LongSparkConfig.model_type, LongSparkConfig, exist_ok=True)
+    AutoModel.register(LongSparkConfig, LongSparkDrafterModel, exist_ok=True)
+    install_generation_hook()
+    _registered = True
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    register()
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY_NAMES})
+
+
 __all__ = [
     "DraftContext",
     "DraftingStats",
@@ -24,5 +76,6 @@ __all__ = [
     "LongSparkConfig",
     "LongSparkContextState",
     "LongSparkDrafterModel",
+    "register",
     "select_target_layers",
 ]

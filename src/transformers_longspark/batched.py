@@ -38,8 +38,16 @@ from transformers.generation.logits_process import (
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
 
 from .context_state import LongSparkContextState, gather_columns, last_real_columns
-from .drafting import draft_tokens, drafting_thresholds, process_logits, read_draft_context
+from .drafting import (
+    drafting_thresholds,
+    max_proposal_tokens,
+    new_lookup,
+    process_logits,
+    propose_blocks,
+    read_draft_context,
+)
 from .generation import DraftingStats
+from .lookup import SuffixIndex
 from .modeling_longspark import LongSparkDrafterModel
 from .targets import HiddenStateCapture, check_sliding_window, check_target_compatible, sliding_window_layers
 
@@ -205,15 +213,21 @@ class BatchedSpeculativeDecoder:
         check_target_compatible(config, target)
         check_sliding_window(target, config.target_layer_ids, input_ids.shape[1])
         drafter.bind_target(target)
-        self.target, self.drafter, self.block_size, self.cache = target, drafter, config.block_size, cache
+        # The most tokens a round proposes (the drafter's block, or a longer lookup continuation).
+        self.block_size = max_proposal_tokens(drafter)
+        self.target, self.drafter, self.cache = target, drafter, cache
         self.logits_processor = logits_processor if logits_processor else None
         self.do_sample = bool(generation_config.do_sample)
         self.eos_token_ids = getattr(generation_config, "_eos_token_tensor", None)
         pad = getattr(generation_config, "_pad_token_tensor", None)
         self.pad_token_id = int(pad) if pad is not None else 0  # no pad: every sequence reaches max_length
         self.max_length = generation_config.max_length
-        self.token_threshold, self.block_threshold = drafting_thresholds(drafter)
-        self.capture = HiddenStateCapture(drafter.target.layers, config.target_layer_ids, keep=config.block_size + 1)
+        token_threshold, block_threshold = drafting_thresholds(drafter)
+        self.draft_kwargs = dict(
+            logits_processor=self.logits_processor, do_sample=self.do_sample, confidence_threshold=token_threshold,
+            eos_token_ids=self.eos_token_ids, block_confidence_threshold=block_threshold,
+        )  # fmt: skip
+        self.capture = HiddenStateCapture(drafter.target.layers, config.target_layer_ids, keep=self.block_size + 1)
         self.state = LongSparkContextState(config.num_draft_layers, config.summary_chunk_size)
         self.stats = drafter.drafting_stats = DraftingStats()
         batch_size, prompt_length = input_ids.shape
@@ -223,6 +237,7 @@ class BatchedSpeculativeDecoder:
         self.sequences[:, :prompt_length] = input_ids
         self.lengths = torch.full((batch_size,), prompt_length, dtype=torch.long, device=input_ids.device)
         self.column_mask = self.positions = None
+        self.lookups: list[SuffixIndex] | None = None  # per row, with lookup on (set at prefill)
         self.ended_lengths: dict[int, int] = {}
 
     @torch.no_grad()
@@ -253,6 +268,9 @@ class BatchedSpeculativeDecoder:
         probs = logits.softmax(dim=-1)
         first = torch.multinomial(probs, num_samples=1) if self.do_sample else probs.argmax(dim=-1, keepdim=True)
         self.column_mask, self.positions = mask, mask.sum(dim=1)
+        padding = (~mask).sum(dim=1).tolist()  # each row's tokens start after its left padding
+        self.lookups = [new_lookup(self.drafter, offset) for offset in padding]
+        self.lookups = None if self.lookups[0] is None else self.lookups
         self.state.boundary_states = self.boundary_states(torch.full_like(self.lengths, -1))
         self.commit(first, torch.ones_like(self.lengths))
 
@@ -262,11 +280,11 @@ class BatchedSpeculativeDecoder:
         context = read_draft_context(self.drafter, self.state, self.cache, self.column_mask.shape[1], self.column_mask)
         self.compact_if_sparse()
         drafting = time.perf_counter()
-        max_tokens = (self.max_length - self.lengths - 1).clamp(min=0, max=self.block_size)
-        drafted, draft_logits, num_drafted = draft_tokens(
-            self.drafter, context, self.sequences, self.row_ids, self.lengths, max_tokens, self.logits_processor,
-            self.do_sample, self.token_threshold, self.eos_token_ids, self.block_threshold,
-        )  # fmt: skip
+        room = (self.max_length - self.lengths - 1).clamp(min=0, max=self.block_size)
+        drafted, draft_logits, num_drafted, from_lookup = propose_blocks(
+            self.drafter, context, self.sequences, self.row_ids, self.lengths, room, self.lookups, self.draft_kwargs
+        )
+        self.stats.lookup_rounds += int(from_lookup.sum())
         self.stats.context_update_seconds += drafting - start
         self.stats.proposal_seconds += time.perf_counter() - drafting
         self.stats.rounds += len(self.row_ids)
@@ -279,6 +297,7 @@ class BatchedSpeculativeDecoder:
             num_accepted, next_tokens = speculative_sampling(drafted, draft_logits, target_logits, num_drafted)
         else:
             num_accepted, next_tokens = greedy_acceptance(drafted, target_logits, num_drafted)
+        self.stats.record_accepted(num_accepted.tolist())
         steps = torch.arange(drafted.shape[1] + 1, device=drafted.device)
         self.column_mask = torch.cat([self.column_mask[:, : -len(steps)], steps <= num_accepted[:, None]], dim=1)
         self.positions = self.positions + num_accepted + 1
@@ -335,6 +354,8 @@ class BatchedSpeculativeDecoder:
         if len(keep) > 0:
             self.cache.batch_select_indices(keep)
             self.state.select(keep)
+            if self.lookups is not None:
+                self.lookups = [self.lookups[row] for row in keep.tolist()]
 
     def compact_if_sparse(self) -> None:
         """Gathers each sequence's real cache columns to the right once the holes exceed `column_slack`. Runs right
@@ -370,7 +391,7 @@ def batched_speculative_decoding(
 
     Returns `(batch, prompt + new)` sequences, each padded with `pad_token_id` after its EOS.
     """
-    block_size = assistant_model.config.block_size
+    block_size = max_proposal_tokens(assistant_model)
     check_batched_generation(
         model, generation_config, logits_processor, stopping_criteria, streamer, synced_gpus, model_kwargs, block_size
     )

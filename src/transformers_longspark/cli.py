@@ -1,8 +1,8 @@
 """`longspark`: regenerate training data, train a drafter, benchmark it, write its model card, push it.
 
 Bad input (a missing file or folder, an unknown config field, an unreadable corpus, a drafter that does not match the
-target) ends with one line, `longspark: error: ...`, and exit status 2; `--debug` or LONGSPARK_DEBUG=1 shows the
-traceback instead.
+target) ends with one line, `longspark: error: ...`, and exit status 2, before any model loads where the input is a
+path; `--debug` or LONGSPARK_DEBUG=1 shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -16,10 +16,60 @@ from pathlib import Path
 
 import yaml
 
+# Only light modules at the top: `longspark --help` must not import torch or transformers. Each subcommand imports
+# what it runs when it runs.
+from .benchmarks.cli import add_bench_arguments, run_bench
+from .files import TARGET_FOLDER_FIX, require_folder
+from .prompt_sources import BUILTIN_SOURCES
+
 # What bad input raises: ValueError (JSONDecodeError and UnicodeDecodeError included), OSError (FileNotFoundError,
 # PermissionError, transformers' and huggingface_hub's loading errors) and YAML errors. Anything else (TypeError,
 # RuntimeError, KeyError, ...) is a bug and keeps its traceback.
 USER_ERRORS: tuple[type[Exception], ...] = (ValueError, OSError, yaml.YAMLError)
+
+
+def _count_or_fraction(text: str) -> int | float:
+    """``"40"`` -> 40 prompts, ``"0.05"`` -> 5 % of the prompts."""
+    return float(text) if any(char in text for char in ".eE") else int(text)
+
+
+def add_regenerate_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``longspark regenerate``."""
+    parser.add_argument(
+        "--prompts", nargs="+", required=True,
+        help="prompt sources, interleaved round-robin: JSONL/JSON files, local datasets, or builtins "
+        f"({', '.join(BUILTIN_SOURCES)})",
+    )  # fmt: skip
+    parser.add_argument("--prompts-split", help="split to read from a multi-split dataset (default: train)")
+    parser.add_argument("--output", required=True, type=Path,
+                        help="output directory; with --held-out it gets train/ and held_out/ subdirectories")
+    parser.add_argument("--target", help="local path of the target model (default: the SmolLM2-135M demo target)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                        help="dtype of the target's weights (default: float32)")  # fmt: skip
+    parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="longest response, in tokens")
+    parser.add_argument("--batch-size", type=int, default=8, help="prompts per generate call")
+    parser.add_argument("--temperature", type=float, default=0.7, help="0 decodes greedily")
+    parser.add_argument("--top-p", type=float, default=0.8, help="nucleus sampling mass (1 disables it)")
+    parser.add_argument("--top-k", type=int, default=20, help="0 disables top-k")
+    parser.add_argument("--limit", type=int, help="generate only the first N training prompts (rerun with more later)")
+    parser.add_argument(
+        "--held-out", type=_count_or_fraction, default=0,
+        help="prompts of each source held out for evaluation: a count (40) or a fraction (0.05); they are "
+        "generated first, into OUTPUT/held_out",
+    )  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="seed of the held-out split and of the sampling")
+    parser.add_argument("--num-threads", type=int, help="torch CPU threads (default: torch's choice)")
+
+
+def _run_regenerate(args: argparse.Namespace) -> None:
+    if args.target:
+        require_folder(args.target, "Target", TARGET_FOLDER_FIX)  # before the prompts and the model load
+    if args.output.exists() and not args.output.is_dir():
+        raise NotADirectoryError(f"--output {args.output} is a file; pass a folder.")
+    from .data import run_regenerate
+
+    run_regenerate(args)
 
 
 def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,9 +110,9 @@ def _run_card(args: argparse.Namespace) -> None:
 
 
 def _add_push_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("drafter_dir", type=Path)
+    parser.add_argument("drafter_dir", type=Path, help="folder with the drafter's config.json and model.safetensors")
     parser.add_argument("repo_id", help="Hub repository, e.g. your-org/longspark-smollm2-135m-instruct")
-    parser.add_argument("--private", action="store_true")
+    parser.add_argument("--private", action="store_true", help="create the repository as private")
 
 
 def _run_push(args: argparse.Namespace) -> None:
@@ -72,13 +122,11 @@ def _run_push(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .benchmarks import add_bench_arguments, run_bench
-    from .data import add_regenerate_arguments, run_regenerate
-
+    """The `longspark` parser (it imports no torch: `--help` answers at once)."""
     parser = argparse.ArgumentParser(prog="longspark", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     for name, add, run, help_text in [
-        ("regenerate", add_regenerate_arguments, run_regenerate, "regenerate responses with the frozen target"),
+        ("regenerate", add_regenerate_arguments, _run_regenerate, "regenerate responses with the frozen target"),
         ("train", _add_train_arguments, _run_train, "train a drafter (accelerate; resumable)"),
         ("card", _add_card_arguments, _run_card, "write a model card from a benchmark report"),
         ("push", _add_push_arguments, _run_push, "upload a drafter folder to the Hugging Face Hub"),

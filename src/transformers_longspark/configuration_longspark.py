@@ -65,6 +65,9 @@ class LongSparkConfig(PreTrainedConfig):
             absolute position (its RoPE), unexplored beyond the training lengths. `"block_start"`: `U` rotated by the
             target's RoPE at the block's first position `t`, so `q . U` depends only on the offset within the block.
             Either way the summary VALUES `S_t` are computed with unrotated `U` against the cached keys.
+        use_qk_norm (`bool`): RMS-normalise each head's queries and keys (Qwen3-style, the default). A drafter
+            warm-started from a target without them (Llama, SmolLM2) turns them off, so that its copied layers
+            compute what they computed in the target (`warm_start.init_from_target`).
     """
 
     model_type = "longspark"
@@ -97,6 +100,7 @@ class LongSparkConfig(PreTrainedConfig):
     full_prefix_context: bool = False
     summary_chunk_size: int = 2048
     summary_key_positions: str = "none"
+    use_qk_norm: bool = True
     tie_word_embeddings: bool = False
 
     def __post_init__(self, **kwargs):

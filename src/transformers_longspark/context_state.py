@@ -39,6 +39,17 @@ class DraftContext:
     summary_values: list[torch.Tensor]
     positions: torch.Tensor
 
+    def select(self, index: torch.LongTensor) -> DraftContext:
+        """The context of the requests `index` `(n',)` only."""
+        return DraftContext(
+            boundary_states=self.boundary_states[index],
+            window_keys=[keys[index] for keys in self.window_keys],
+            window_values=[values[index] for values in self.window_values],
+            window_mask=None if self.window_mask is None else self.window_mask[index],
+            summary_values=[values[index] for values in self.summary_values],
+            positions=self.positions[index],
+        )
+
 
 def stack_contexts(contexts: list[DraftContext]) -> DraftContext:
     """One `DraftContext` for the requests of several, so that one drafter forward drafts for all of them. Windows

@@ -40,8 +40,9 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from .cli import add_regenerate_arguments  # noqa: F401  (the parser lives with the CLI's; kept importable here)
 from .loading import load_target
-from .prompt_sources import BUILTIN_SOURCES, Prompt, interleave, load_prompts, split_prompts
+from .prompt_sources import Prompt, interleave, load_prompts, split_prompts
 
 logger = logging.getLogger(__name__)
 
@@ -282,42 +283,6 @@ def _append_records(shard: Path, records: list[dict[str, Any]]) -> None:
 # --------------------------------------------------------------------------------------------------- command line
 
 
-def add_regenerate_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``longspark regenerate``."""
-    parser.add_argument(
-        "--prompts",
-        nargs="+",
-        required=True,
-        help="prompt sources, interleaved round-robin: JSONL/JSON files, local datasets, or builtins "
-        f"({', '.join(BUILTIN_SOURCES)})",
-    )
-    parser.add_argument("--prompts-split", help="split to read from a multi-split dataset (default: train)")
-    parser.add_argument(
-        "--output",
-        required=True,
-        type=Path,
-        help="output directory; with --held-out it gets train/ and held_out/ subdirectories",
-    )
-    parser.add_argument("--target", help="local path of the target model (default: the SmolLM2-135M demo target)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--temperature", type=float, default=0.7, help="0 decodes greedily")
-    parser.add_argument("--top-p", type=float, default=0.8)
-    parser.add_argument("--top-k", type=int, default=20, help="0 disables top-k")
-    parser.add_argument("--limit", type=int, help="generate only the first N training prompts (rerun with more later)")
-    parser.add_argument(
-        "--held-out",
-        type=_count_or_fraction,
-        default=0,
-        help="prompts of each source held out for evaluation: a count (40) or a fraction (0.05); they are "
-        "generated first, into OUTPUT/held_out",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the held-out split and of the sampling")
-    parser.add_argument("--num-threads", type=int, help="torch CPU threads (default: torch's choice)")
-
-
 def run_regenerate(args: argparse.Namespace) -> None:
     """Runs ``longspark regenerate``: held-out prompts first (if any), then the interleaved training prompts."""
     if args.num_threads:
@@ -326,7 +291,8 @@ def run_regenerate(args: argparse.Namespace) -> None:
     splits = [split_prompts(prompts, args.held_out, args.seed) for prompts in sources]
     train = interleave(*(train for train, _ in splits))
     held_out = interleave(*(held for _, held in splits))
-    model, tokenizer = load_target(args.target, getattr(torch, args.dtype), args.device)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model, tokenizer = load_target(args.target, getattr(torch, args.dtype), device)
     if tokenizer is None:
         raise ValueError(f"{args.target} has no tokenizer; regeneration needs the target's tokenizer and chat "
                          "template. Save the tokenizer into the target folder.")  # fmt: skip
@@ -342,8 +308,3 @@ def run_regenerate(args: argparse.Namespace) -> None:
         regenerate(held_out, args.output / "held_out", model, tokenizer, **settings)
     train_dir = args.output / "train" if held_out else args.output
     regenerate(train, train_dir, model, tokenizer, limit=args.limit, **settings)
-
-
-def _count_or_fraction(text: str) -> int | float:
-    """``"40"`` -> 40 prompts, ``"0.05"`` -> 5 % of the prompts."""
-    return float(text) if any(char in text for char in ".eE") else int(text)

@@ -6,7 +6,10 @@ with one drafter forward (`draft_tokens`), applying `generate`'s logits processo
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+import torch.nn.functional as F
 from transformers.cache_utils import Cache
 from transformers.generation.logits_process import (
     EpsilonLogitsWarper,
@@ -22,6 +25,7 @@ from transformers.generation.logits_process import (
 )
 
 from .context_state import DraftContext, LongSparkContextState, gather_columns, last_real_columns
+from .lookup import SuffixIndex, point_mass_logits
 from .modeling_longspark import LongSparkDrafterModel
 from .targets import read_cache_rows
 
@@ -88,6 +92,30 @@ def drafting_thresholds(drafter: LongSparkDrafterModel) -> tuple[float, float]:
     `assistant_confidence_threshold`, and LongSpark's `block_confidence_threshold` (0 where unset)."""
     config = drafter.generation_config
     return config.assistant_confidence_threshold or 0.0, getattr(config, "block_confidence_threshold", 0.0) or 0.0
+
+
+# The longest suffix the lookup source matches: longer matches are rarer and add little over this one.
+LOOKUP_MAX_NGRAM = 6
+
+
+def lookup_settings(drafter: LongSparkDrafterModel) -> tuple[int, int]:
+    """`(min_match, num_tokens)` of the lookup source, from the drafter's generation config (`propose_blocks`):
+    `lookup_min_match` (0 or unset: off) and `lookup_num_tokens` (unset: the block size)."""
+    config = drafter.generation_config
+    min_match = getattr(config, "lookup_min_match", 0) or 0
+    return min_match, getattr(config, "lookup_num_tokens", None) or drafter.config.block_size
+
+
+def max_proposal_tokens(drafter: LongSparkDrafterModel) -> int:
+    """The most tokens one round can propose: the block size, or the lookup continuation's length if longer."""
+    min_match, num_tokens = lookup_settings(drafter)
+    return max(drafter.config.block_size, num_tokens if min_match else 0)
+
+
+def new_lookup(drafter: LongSparkDrafterModel, offset: int = 0) -> SuffixIndex | None:
+    """An empty `SuffixIndex` for one request (its tokens start at column `offset`), or `None` when lookup is off."""
+    min_match, _ = lookup_settings(drafter)
+    return SuffixIndex(min_match, max(min_match, LOOKUP_MAX_NGRAM), offset) if min_match else None
 
 
 # Processors that read the scores alone, never the sequence: applied to all requests at once, whatever their lengths.
@@ -216,4 +244,81 @@ def draft_tokens(
     return torch.stack(drafted_ids, dim=1), drafter.to_target_vocab(logits) if in_draft_vocab else logits, num_drafted
 
 
-__all__ = ["SCORE_ONLY_PROCESSORS", "draft_tokens", "drafting_thresholds", "process_logits", "read_draft_context"]
+@torch.no_grad()
+def propose_blocks(
+    drafter: LongSparkDrafterModel,
+    context: DraftContext,
+    sequences: torch.LongTensor,
+    rows: torch.LongTensor,
+    lengths: torch.LongTensor,
+    room: torch.LongTensor,
+    lookups: list[SuffixIndex] | None,
+    draft_kwargs: dict[str, Any],
+) -> tuple[torch.LongTensor, torch.Tensor, torch.LongTensor, torch.BoolTensor]:
+    """This round's proposal for `n` requests: the lookup source's continuation where the request's suffix occurred
+    before (`lookup.py`), the drafter's block elsewhere (one forward for those requests, `draft_tokens`).
+
+    Args:
+        sequences / rows / lengths: as in `draft_tokens`; `room`: `(n,)` most tokens each request may be proposed.
+        lookups: per request, its `SuffixIndex` (extended here with the request's tokens since the last round), or
+            `None` when lookup is off. A request takes its lookup continuation when the matched suffix has at least
+            `lookup_min_match` tokens: `lookup_num_tokens` tokens at no drafter cost, proposed with the point-mass law
+            (one-hot logits), which is exactly how they were chosen.
+        draft_kwargs: `draft_tokens`' remaining arguments (logits processors, sampling, thresholds, EOS ids).
+
+    Returns:
+        `(tokens, logits, num_drafted, from_lookup)`: as `draft_tokens` returns them, and `(n,)` which requests
+        took the lookup continuation.
+    """
+    n, device = len(rows), sequences.device
+    drafter_rows = list(range(n))
+    proposals: dict[int, list[int]] = {}
+    if lookups is not None:
+        min_match, num_tokens = lookup_settings(drafter)
+        for r, index in enumerate(lookups):
+            index.extend(sequences[rows[r], index.offset + len(index) : int(lengths[r])].tolist())
+            continuation, matched = index.propose(min(num_tokens, int(room[r])))
+            if matched >= min_match and continuation:
+                proposals[r] = continuation
+        drafter_rows = [r for r in range(n) if r not in proposals]
+    vocab_size = drafter.config.vocab_size
+    width = max((len(c) for c in proposals.values()), default=0)
+    tokens, logits, num_drafted = sequences.new_zeros(n, 0), torch.zeros(n, 0, vocab_size, device=device), None
+    if drafter_rows:
+        index = torch.tensor(drafter_rows, device=device)
+        max_tokens = room[index].clamp(max=drafter.config.block_size)
+        drafted = draft_tokens(drafter, context if len(index) == n else context.select(index), sequences, rows[index],
+                               lengths[index], max_tokens, **draft_kwargs)  # fmt: skip
+        if len(index) == n:
+            tokens, logits, num_drafted = drafted
+        else:
+            width = max(width, drafted[0].shape[1])
+            tokens, logits = sequences.new_zeros(n, width), drafted[1].new_zeros(n, width, vocab_size)
+            num_drafted = lengths.new_zeros(n)
+            tokens[index, : drafted[0].shape[1]], logits[index, : drafted[0].shape[1]] = drafted[0], drafted[1]
+            num_drafted[index] = drafted[2]
+    from_lookup = torch.zeros(n, dtype=torch.bool, device=device)
+    if proposals:
+        if num_drafted is None or tokens.shape[1] < width:
+            tokens = F.pad(tokens, (0, width - tokens.shape[1]))
+            logits = F.pad(logits, (0, 0, 0, width - logits.shape[1]))
+            num_drafted = lengths.new_zeros(n) if num_drafted is None else num_drafted
+        for r, continuation in proposals.items():
+            ids = torch.tensor(continuation, device=device)
+            tokens[r, : len(ids)], logits[r, : len(ids)] = ids, point_mass_logits(ids, vocab_size)
+            num_drafted[r], from_lookup[r] = len(ids), True
+            sequences[rows[r], lengths[r] : lengths[r] + len(ids)] = ids  # the logits processors read the drafts
+    return tokens, logits, num_drafted, from_lookup
+
+
+__all__ = [
+    "SCORE_ONLY_PROCESSORS",
+    "draft_tokens",
+    "drafting_thresholds",
+    "lookup_settings",
+    "max_proposal_tokens",
+    "new_lookup",
+    "process_logits",
+    "propose_blocks",
+    "read_draft_context",
+]

@@ -25,6 +25,18 @@ def looks_like_hub_id(name: str | os.PathLike) -> bool:
     return isinstance(name, str) and _HUB_ID.fullmatch(name) is not None and ".." not in name
 
 
+TARGET_FOLDER_FIX = "pass a model folder saved with `save_pretrained`, a Hub id, or no target for the SmolLM2 demo."
+DRAFTER_FOLDER_FIX = ("pass a folder saved by `longspark train` (it holds config.json and model.safetensors), or no "
+                      "drafter for the default.")  # fmt: skip
+
+
+def require_folder(name: str | os.PathLike, what: str, fix: str) -> None:
+    """A missing local model folder fails here, at once, with "<what> folder <name> does not exist; <fix>"; a name
+    that may be a Hub id is left to `from_pretrained`."""
+    if not Path(name).exists() and not looks_like_hub_id(name):
+        raise FileNotFoundError(f"{what} folder {name} does not exist; {fix}")
+
+
 def require_path(path: str | os.PathLike, what: str, fix: str) -> Path:
     """`Path(path)`, or a `FileNotFoundError` "<what> <path> does not exist; <fix>"."""
     path = Path(path)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -27,7 +27,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.utils import GenerationMixin
 
 from .context_state import DraftContext, LongSparkContextState
-from .drafting import draft_tokens, drafting_thresholds, read_draft_context
+from .drafting import drafting_thresholds, max_proposal_tokens, new_lookup, propose_blocks, read_draft_context
 from .modeling_longspark import LongSparkDrafterModel
 from .targets import HiddenStateCapture, check_sliding_window, check_target_compatible
 from .verification import fast_verification
@@ -46,9 +46,25 @@ class DraftingStats:
     rounds: int = 0
     batch_rounds: int = 0
     drafted_tokens: int = 0
+    lookup_rounds: int = 0  # rounds that proposed the lookup source's continuation instead of a drafted block
+    # accepted_histogram[k]: rounds that accepted exactly k drafts (per-position acceptance: `acceptance_rates()`).
+    accepted_histogram: list[int] = field(default_factory=list)
     proposal_seconds: float = 0.0
     context_update_seconds: float = 0.0
     context_state_bytes: int = 0
+
+    def record_accepted(self, counts: list[int]) -> None:
+        """Adds rounds that accepted `counts[r]` drafts each."""
+        for count in counts:
+            if count >= len(self.accepted_histogram):
+                self.accepted_histogram.extend([0] * (count + 1 - len(self.accepted_histogram)))
+            self.accepted_histogram[count] += 1
+
+    def acceptance_rates(self) -> list[float]:
+        """`[P(draft 1 accepted), P(drafts 1-2 accepted), ...]` over the verified rounds."""
+        histogram = self.accepted_histogram
+        total = sum(histogram)
+        return [sum(histogram[k:]) / total for k in range(1, len(histogram))] if total else []
 
 
 class LongSparkCandidateGenerator(CandidateGenerator):
@@ -84,15 +100,28 @@ class LongSparkCandidateGenerator(CandidateGenerator):
         drafter.bind_target(target)
         self.drafter, self.config = drafter, config
         self.layer_ids = config.target_layer_ids
-        self.capture = HiddenStateCapture(drafter.target.layers, self.layer_ids, keep=config.block_size + 1)
+        self.max_proposal = max_proposal_tokens(drafter)
+        self.capture = HiddenStateCapture(drafter.target.layers, self.layer_ids, keep=self.max_proposal + 1)
         self.state = LongSparkContextState(config.num_draft_layers, config.summary_chunk_size)
         self.do_sample = bool(generation_config.do_sample)
         self.logits_processor = logits_processor if logits_processor else None
         self.eos_token_ids = getattr(generation_config, "_eos_token_tensor", None)
         self.max_length = generation_config.max_length
-        self.token_threshold, self.block_threshold = drafting_thresholds(drafter)
+        token_threshold, block_threshold = drafting_thresholds(drafter)
+        self.draft_kwargs = dict(
+            logits_processor=self.logits_processor, do_sample=self.do_sample, confidence_threshold=token_threshold,
+            eos_token_ids=self.eos_token_ids, block_confidence_threshold=block_threshold,
+        )  # fmt: skip
+        self.lookup = new_lookup(drafter)
         self.boundary_from_prefill = True
+        self.round_open = False  # a drafting round counted in `stats.rounds` awaits its verification
         self.stats = drafter.drafting_stats = DraftingStats()
+
+    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, num_matches: int):
+        """Called by transformers after each verification (the prefill's included) with the drafts accepted."""
+        if self.round_open:
+            self.stats.record_accepted([int(num_matches)])
+        self.round_open = False
 
     def close(self) -> None:
         """Removes the hidden-state hooks from the target (the generate hook calls it when decoding ends or fails)."""
@@ -113,12 +142,13 @@ class LongSparkCandidateGenerator(CandidateGenerator):
             return input_ids, None
         self.stats.rounds += 1
         self.stats.batch_rounds += 1
+        self.round_open = True
         start = time.perf_counter()
         context = self.update_context(model_kwargs["cache"], input_ids.shape[1] - 1, n_last_matches)
         after_update = time.perf_counter()
         self.stats.context_update_seconds += after_update - start
 
-        num_tokens = min(self.config.block_size, self.max_length - input_ids.shape[1] - 1)
+        num_tokens = min(self.max_proposal, self.max_length - input_ids.shape[1] - 1)
         if num_tokens <= 0:
             return input_ids, None
         candidate_ids, candidate_logits = self.propose(input_ids, context, num_tokens)
@@ -146,16 +176,15 @@ class LongSparkCandidateGenerator(CandidateGenerator):
     def propose(
         self, input_ids: torch.LongTensor, context: DraftContext, num_tokens: int
     ) -> tuple[torch.LongTensor, torch.Tensor]:
-        """Drafts up to `num_tokens` tokens; returns them appended to `input_ids` and their `(1, k, V)` logits.
-
-        The block ends early at an EOS, and where the drafter's confidence thresholds end it (`draft_tokens`)."""
-        sequences = torch.cat([input_ids, input_ids.new_zeros(1, num_tokens)], dim=1)  # room for the drafts
+        """Proposes at most `num_tokens` tokens (the lookup continuation, or a drafted block); returns them appended
+        to `input_ids` and their `(1, k, V)` logits (`drafting.propose_blocks`)."""
         rows = torch.zeros(1, dtype=torch.long, device=input_ids.device)
-        lengths, max_tokens = rows + input_ids.shape[1], rows + num_tokens
-        tokens, logits, num_drafted = draft_tokens(
-            self.drafter, context, sequences, rows, lengths, max_tokens, self.logits_processor, self.do_sample,
-            self.token_threshold, self.eos_token_ids, self.block_threshold,
+        sequences = torch.cat([input_ids, input_ids.new_zeros(1, num_tokens)], dim=1)  # room for the drafts
+        tokens, logits, num_drafted, from_lookup = propose_blocks(
+            self.drafter, context, sequences, rows, rows + input_ids.shape[1], rows + num_tokens,
+            None if self.lookup is None else [self.lookup], self.draft_kwargs,
         )  # fmt: skip
+        self.stats.lookup_rounds += int(from_lookup.sum())
         num_drafted = int(num_drafted[0])
         return torch.cat([input_ids, tokens[:, :num_drafted]], dim=1), logits[:, :num_drafted]
 
@@ -194,7 +223,7 @@ def _assisted_decoding(self, input_ids, *args, assistant_model=None, **kwargs):
         from .batched import batched_speculative_decoding, max_cache_columns
 
         decode = batched_speculative_decoding
-        max_length = max_cache_columns(max_length, assistant_model.config.block_size)
+        max_length = max_cache_columns(max_length, max_proposal_tokens(assistant_model))
     else:
         decode = _original_assisted_decoding
     # The fast verification path and the hidden-state hooks live exactly as long as the decoding loop, even when it

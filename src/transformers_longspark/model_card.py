@@ -25,9 +25,8 @@ state, the last {window_size} KV rows and a {num_summary_queries}-entry attentio
 ## Usage
 
 ```python
-import transformers_longspark  # routes assistant_model=<LongSpark drafter> to the LongSpark candidate generator
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from transformers_longspark import LongSparkDrafterModel
+from transformers_longspark import LongSparkDrafterModel  # routes assistant_model=<LongSpark drafter> to LongSpark
 
 target = AutoModelForCausalLM.from_pretrained("{base_model}")
 tokenizer = AutoTokenizer.from_pretrained("{base_model}")

@@ -64,8 +64,11 @@ class LongSparkAttention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
-        self.q_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
-        self.k_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        if config.use_qk_norm:
+            self.q_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+            self.k_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        else:  # a drafter warm-started from a target without head norms (`warm_start.py`)
+            self.q_norm = self.k_norm = nn.Identity()
 
     def forward(
         self,
@@ -130,7 +133,8 @@ class LongSparkPreTrainedModel(PreTrainedModel):
 
 
 class LongSparkDrafterModel(LongSparkPreTrainedModel):
-    """The LongSpark drafter. Pass it as `assistant_model` to `target.generate` after `import transformers_longspark`.
+    """The LongSpark drafter. Pass it as `assistant_model` to `target.generate`: building one (`from_pretrained`, or
+    the constructor) registers LongSpark with transformers (`transformers_longspark.register`).
 
     It owns only its own weights; the target's embedding, final norm, LM head and RoPE are bound at run time by
     `bind_target` (the generation hook and the trainer do this).
@@ -164,6 +168,9 @@ class LongSparkDrafterModel(LongSparkPreTrainedModel):
         # (for machines where each verified token costs a share of a step, e.g. a CPU). Saved with the weights.
         self.generation_config = GenerationConfig(assistant_confidence_threshold=DEFAULT_CONFIDENCE_THRESHOLD)
         self.post_init()
+        from . import register  # routes generate(assistant_model=self) however this module was imported
+
+        register()
 
     def bind_target(self, target: PreTrainedModel | TargetModules) -> None:
         """Uses `target`'s embedding, final norm, LM head and rotary embedding (frozen, not stored). A serving engine

@@ -28,6 +28,7 @@ from .loading import load_target
 from .modeling_longspark import LongSparkDrafterModel
 from .prompt_sources import interleave
 from .targets import check_target_compatible
+from .warm_start import init_from_target, warm_start_config
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ class TrainingConfig:
     target: str = "smollm2"  # a local model folder, or "smollm2" for the offline demo target
     drafter: dict[str, Any] = field(default_factory=dict)  # LongSparkConfig overrides, ablation switches included
     init_drafter: str | None = None  # start from a saved drafter instead of a fresh one
+    init_from_target: bool = False  # a fresh drafter starts as a copy of its target's selected layers (warm_start.py)
     max_seq_len: int = 4096
     anchors_per_sequence: int = 512
     sequences_per_step: int = 1
@@ -111,6 +113,8 @@ def build_drafter(config: TrainingConfig, target, sequences: list[Sequence]) -> 
         # Overrides that keep the weights' shapes (e.g. `summary_key_positions`) apply to the loaded drafter too.
         drafter = LongSparkDrafterModel.from_pretrained(config.init_drafter, dtype=torch.float32, **overrides)
         drafter.config._check_fields()
+    elif config.init_from_target:
+        drafter = init_from_target(LongSparkDrafterModel(warm_start_config(target, **overrides)), target)
     else:
         drafter = LongSparkDrafterModel(LongSparkConfig.from_target_config(target.config, **overrides))
     current = drafter.config.draft_vocab_size

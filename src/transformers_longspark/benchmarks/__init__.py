@@ -21,64 +21,81 @@ Each is a Python function and a `longspark bench` subcommand:
 shapes, built directly on `--device` in `--dtype`: see `scripts/gpu_benchmarks.sh`.
 """
 
-from .batched import format_batched, left_pad_batch, new_token_counts, run_batched_benchmark
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from .cli import add_bench_arguments, main, run_bench
-from .common import (
-    Timings,
-    count_forward_calls,
-    machine_info,
-    measure,
-    prefill,
-    synchronize,
-    time_forward_calls,
-    timed_call,
-    write_json,
-)
-from .drafting_cost import (
-    DEFAULT_PREFIX_LENGTHS,
-    DEFAULT_SYNTHETIC_PREFIX_LENGTHS,
-    SelectedLayersCache,
-    full_prefix_state_bytes,
-    run_drafting_cost,
-    synthetic_cache,
-)
-from .memory import run_memory_benchmark
-from .models import (
-    SYNTHETIC_TARGETS,
-    build_random_drafter,
-    build_synthetic_target,
-    make_full_prefix_drafter,
-    synthetic_target_config,
-)
-from .prompts import (
-    DEFAULT_LONG_LENGTHS,
-    HELD_OUT_DIR,
-    SHORT_SOURCES,
-    chat_prompt_ids,
-    long_context_prompts,
-    short_prompts,
-    stdlib_token_ids,
-)
-from .report import (
-    format_drafting_cost,
-    format_markdown,
-    format_memory,
-    format_verify_cost,
-    plot_drafting_cost,
-    plot_verify_cost,
-)
-from .speed import (
-    DEFAULT_METHODS,
-    METHOD_LABELS,
-    METHODS,
-    MODES,
-    accepted_length,
-    add_speedups,
-    new_tokens_from_round_log,
-    run_speed_benchmark,
-    summarize_runs,
-)
-from .verify_cost import DEFAULT_NUM_TOKENS, DEFAULT_VERIFY_PREFIX_LENGTHS, reserved_copy, run_verify_cost
+
+# Public name -> the submodule that defines it, imported on first use (the CLI's argument parsing needs none of them).
+_LAZY_NAMES = {
+    "format_batched": "batched",
+    "left_pad_batch": "batched",
+    "new_token_counts": "batched",
+    "run_batched_benchmark": "batched",
+    "Timings": "common",
+    "count_forward_calls": "common",
+    "machine_info": "common",
+    "measure": "common",
+    "prefill": "common",
+    "synchronize": "common",
+    "time_forward_calls": "common",
+    "timed_call": "common",
+    "write_json": "common",
+    "DEFAULT_PREFIX_LENGTHS": "defaults",
+    "DEFAULT_SYNTHETIC_PREFIX_LENGTHS": "defaults",
+    "SelectedLayersCache": "drafting_cost",
+    "full_prefix_state_bytes": "drafting_cost",
+    "run_drafting_cost": "drafting_cost",
+    "synthetic_cache": "drafting_cost",
+    "run_memory_benchmark": "memory",
+    "SYNTHETIC_TARGETS": "defaults",
+    "build_random_drafter": "models",
+    "build_synthetic_target": "models",
+    "make_full_prefix_drafter": "models",
+    "synthetic_target_config": "models",
+    "DEFAULT_LONG_LENGTHS": "defaults",
+    "HELD_OUT_DIR": "defaults",
+    "SHORT_SOURCES": "defaults",
+    "chat_prompt_ids": "prompts",
+    "long_context_prompts": "prompts",
+    "short_prompts": "prompts",
+    "stdlib_token_ids": "prompts",
+    "format_drafting_cost": "report",
+    "format_markdown": "report",
+    "format_memory": "report",
+    "format_verify_cost": "report",
+    "plot_drafting_cost": "report",
+    "plot_verify_cost": "report",
+    "DEFAULT_METHODS": "speed",
+    "METHOD_LABELS": "speed",
+    "METHODS": "defaults",
+    "MODES": "defaults",
+    "accepted_length": "speed",
+    "add_speedups": "speed",
+    "new_tokens_from_round_log": "speed",
+    "run_speed_benchmark": "speed",
+    "summarize_runs": "speed",
+    "DEFAULT_NUM_TOKENS": "defaults",
+    "DEFAULT_VERIFY_PREFIX_LENGTHS": "defaults",
+    "reserved_copy": "verify_cost",
+    "run_verify_cost": "verify_cost",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY_NAMES})
+
 
 __all__ = [
     "DEFAULT_LONG_LENGTHS",

@@ -9,11 +9,11 @@ EOS (padding excluded) over the median time of one batched call.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from ..modeling_longspark import LongSparkDrafterModel
@@ -100,6 +100,7 @@ def run_batched_benchmark(
         prompts: `{workload: [token ids, ...]}`; a batch of `b` takes the first `b` prompts, cycled.
         pad_token_id: left-padding id (default: the target's pad, else its EOS, else 0).
         repeats / warmup: timed and untimed `generate` calls per method and batch (`common.measure`, interleaved).
+        progress: show a progress bar of the batches on stderr.
 
     Returns:
         `{"benchmark": "batched", "machine", "settings", "drafter", "rows": [{workload, mode, batch_size,
@@ -113,12 +114,14 @@ def run_batched_benchmark(
         pad = target.generation_config.pad_token_id
         pad_token_id = pad if pad is not None else (eos_token_ids[0] if eos_token_ids else 0)
     rows = []
+    bar = tqdm(total=len(prompts) * len(modes) * len(batch_sizes), desc="batched", unit="batch", disable=not progress)
     for workload, items in prompts.items():
         if not items:
             raise ValueError(f"Workload {workload!r} has no prompts.")
         for mode in modes:
             kwargs = _generate_kwargs(mode, max_new_tokens, pad_token_id, temperature, ignore_eos)
             for batch_size in batch_sizes:
+                bar.set_postfix_str(f"{workload} {mode} batch {batch_size}")
                 input_ids, attention_mask = left_pad_batch(items, batch_size, pad_token_id, device)
                 seconds, outputs = _measure_batch(target, drafter, input_ids, attention_mask, kwargs, repeats,
                                                   warmup, seed, device)  # fmt: skip
@@ -138,9 +141,8 @@ def run_batched_benchmark(
                     "greedy_identical": identical,
                 }  # fmt: skip
                 rows.append(row)
-                if progress:
-                    print(f"[{workload}/{mode}] batch {batch_size}: plain {rate['plain']:.1f} tok/s, LongSpark "
-                          f"{rate['longspark']:.1f} tok/s", file=sys.stderr)  # fmt: skip
+                bar.update(1)
+    bar.close()
     settings = dict(
         batch_sizes=list(batch_sizes), max_new_tokens=max_new_tokens, modes=list(modes), temperature=temperature,
         ignore_eos=ignore_eos, repeats=repeats, warmup=warmup, seed=seed, pad_token_id=pad_token_id,

@@ -1,32 +1,82 @@
-"""`longspark bench ...`: argument parsing and dispatch of the benchmark subcommands."""
+"""`longspark bench ...`: argument parsing and dispatch of the benchmark subcommands.
+
+Parsing imports nothing heavy (`longspark bench --help` answers without torch); the benchmark modules are imported
+into this module when a benchmark runs (`_import_runners`), after every path given has been checked.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from .batched import format_batched, run_batched_benchmark
-from .common import write_json
-from .drafting_cost import DEFAULT_PREFIX_LENGTHS, DEFAULT_SYNTHETIC_PREFIX_LENGTHS, run_drafting_cost
-from .memory import run_memory_benchmark
-from .models import SYNTHETIC_TARGETS, build_random_drafter, build_synthetic_target
-from .prompts import DEFAULT_LONG_LENGTHS, HELD_OUT_DIR, long_context_prompts, short_prompts, stdlib_token_ids
-from .report import (
-    format_drafting_cost,
-    format_markdown,
-    format_memory,
-    format_verify_cost,
-    plot_drafting_cost,
-    plot_verify_cost,
+from ..files import DRAFTER_FOLDER_FIX, TARGET_FOLDER_FIX, require_folder, require_path
+from .defaults import (
+    DEFAULT_LONG_LENGTHS,
+    DEFAULT_NUM_TOKENS,
+    DEFAULT_PREFIX_LENGTHS,
+    DEFAULT_SYNTHETIC_PREFIX_LENGTHS,
+    DEFAULT_VERIFY_PREFIX_LENGTHS,
+    HELD_OUT_DIR,
+    METHODS,
+    MODES,
+    SYNTHETIC_TARGETS,
 )
-from .speed import METHODS, MODES, run_speed_benchmark
-from .verify_cost import DEFAULT_NUM_TOKENS, DEFAULT_VERIFY_PREFIX_LENGTHS, run_verify_cost
+
+if TYPE_CHECKING:  # imported at run time by `_import_runners`
+    from .batched import format_batched, run_batched_benchmark
+    from .common import write_json
+    from .drafting_cost import run_drafting_cost
+    from .memory import run_memory_benchmark
+    from .models import build_random_drafter, build_synthetic_target
+    from .prompts import long_context_prompts, short_prompts, stdlib_token_ids
+    from .report import (
+        format_drafting_cost,
+        format_markdown,
+        format_memory,
+        format_verify_cost,
+        plot_drafting_cost,
+        plot_verify_cost,
+    )
+    from .speed import run_speed_benchmark
+    from .verify_cost import run_verify_cost
+
+# What the runners use, by submodule: imported on the first run, or on first access as an attribute (e.g. by a test's
+# monkeypatch, which a run then keeps).
+_RUNNER_NAMES = {
+    "batched": ("format_batched", "run_batched_benchmark"),
+    "common": ("write_json",),
+    "drafting_cost": ("run_drafting_cost",),
+    "memory": ("run_memory_benchmark",),
+    "models": ("build_random_drafter", "build_synthetic_target"),
+    "prompts": ("long_context_prompts", "short_prompts", "stdlib_token_ids"),
+    "report": ("format_drafting_cost", "format_markdown", "format_memory", "format_verify_cost", "plot_drafting_cost",
+               "plot_verify_cost"),
+    "speed": ("run_speed_benchmark",),
+    "verify_cost": ("run_verify_cost",),
+}  # fmt: skip
+_RUNNER_MODULES = {name: module for module, names in _RUNNER_NAMES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _RUNNER_MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__package__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def _import_runners() -> None:
+    """Imports what the runners use into this module (names already set, e.g. monkeypatched, are kept)."""
+    for name in _RUNNER_MODULES:
+        if name not in globals():
+            __getattr__(name)
+
 
 DESCRIPTION = "Benchmarks: decoding speed side by side, drafting cost and verification cost vs prefix, peak memory."
 
@@ -37,11 +87,16 @@ def _add_common_arguments(parser: argparse.ArgumentParser) -> None:
         "--drafter",
         help="LongSpark drafter folder (default: the shipped SmolLM2 drafter if it fits the target, else a random one)",
     )
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                        help="dtype of the target and drafter weights (default: float32)")  # fmt: skip
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    parser.add_argument("--num-threads", type=int, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-threads", type=int,
+                        help="torch CPU threads (default: torch's choice, one per core; on a busy machine fewer, "
+                        "e.g. 1, can be many times faster)")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="seed of random prompts, drafters and sampling")
     parser.add_argument("--json", type=Path, help="write the report as JSON to this file")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars on stderr")
+    parser.add_argument("--progress", action="store_true", help="show progress bars (the default; for old scripts)")
 
 
 def _add_cost_arguments(parser: argparse.ArgumentParser, prefix_lengths: Sequence[int], chunk: int) -> None:
@@ -53,15 +108,18 @@ def _add_cost_arguments(parser: argparse.ArgumentParser, prefix_lengths: Sequenc
     )  # fmt: skip
     parser.add_argument("--plot", type=Path, help="write the two-panel figure (PNG) to this file")
     parser.add_argument("--markdown", type=Path, help="write the Markdown table to this file")
-    parser.add_argument("--prefix-lengths", type=int, nargs="+", default=list(prefix_lengths))
+    parser.add_argument("--prefix-lengths", type=int, nargs="+", default=list(prefix_lengths),
+                        help="prefix lengths in tokens")  # fmt: skip
     parser.add_argument("--prefill-chunk", type=int, default=chunk, help="tokens per prefill forward")
 
 
 def _add_speed_arguments(parser: argparse.ArgumentParser) -> None:
     _add_common_arguments(parser)
     parser.add_argument("--markdown", type=Path, help="write the Markdown table to this file")
-    parser.add_argument("--workloads", nargs="+", default=["short", "long"], choices=["short", "long"])
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--workloads", nargs="+", default=["short", "long"], choices=["short", "long"],
+                        help="held-out chat/maths/code prompts (short) and stdlib code files (long)")  # fmt: skip
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES),
+                        help="greedy decoding and/or sampling at --temperature")  # fmt: skip
     parser.add_argument(
         "--methods", nargs="+", choices=list(METHODS),
         help="methods for every mode; plain is always added (default: all in greedy mode, all but full_prefix in "
@@ -69,19 +127,21 @@ def _add_speed_arguments(parser: argparse.ArgumentParser) -> None:
         "longspark_whole_blocks drafts whole blocks (threshold 0); longspark_stock_verify drafts whole blocks on "
         "transformers' stock path (the path before both); prompt_lookup_fast is prompt lookup on the fast path",
     )  # fmt: skip
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--num-short-prompts", type=int, default=6)
-    parser.add_argument("--num-long-prompts", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per generate call")
+    parser.add_argument("--num-short-prompts", type=int, default=6, help="short prompts (cycled through the sources)")
+    parser.add_argument("--num-long-prompts", type=int, default=3, help="long-context prompts (held-out stdlib files)")
     parser.add_argument(
         "--long-lengths", type=int, nargs="+", default=list(DEFAULT_LONG_LENGTHS),
         help="long-context prompt lengths in tokens, cycled over the prompts (capped to fit the target's positions)",
     )  # fmt: skip
-    parser.add_argument("--held-out", type=Path, default=HELD_OUT_DIR, help="folder of held-out *.jsonl records")
+    parser.add_argument("--held-out", type=Path,
+                        help=f"folder of held-out *.jsonl records for the short prompts (default: {HELD_OUT_DIR} if "
+                        "it exists, else prompts held out of the builtin sources)")  # fmt: skip
     parser.add_argument("--temperature", type=float, default=1.0, help="temperature of the sampled mode")
-    parser.add_argument("--prompt-lookup-num-tokens", type=int, default=7)
+    parser.add_argument("--prompt-lookup-num-tokens", type=int, default=7, help="tokens prompt lookup proposes")
     parser.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
-    parser.add_argument("--no-warmup", dest="warmup", action="store_false")
-    parser.add_argument("--progress", action="store_true", help="print every run to stderr")
+    parser.add_argument("--no-warmup", dest="warmup", action="store_false",
+                        help="skip the untimed warm-up run of every method")  # fmt: skip
     parser.add_argument(
         "--batch-sizes", type=int, nargs="+",
         help="instead of the method comparison, time plain batched generate vs LongSpark batched at these batch "
@@ -138,20 +198,21 @@ def add_bench_arguments(subparsers_or_parser) -> argparse.ArgumentParser:
 
     memory = commands.add_parser("memory", help="peak RSS of plain vs assisted generate (fresh process each)")
     _add_common_arguments(memory)
-    memory.add_argument("--prompt-lengths", type=int, nargs="+", default=[1024, 8192])
-    memory.add_argument("--max-new-tokens", type=int, default=16)
+    memory.add_argument("--prompt-lengths", type=int, nargs="+", default=[1024, 8192],
+                        help="prompt lengths in tokens (seeded random ids), one plain and one assisted run each")
+    memory.add_argument("--max-new-tokens", type=int, default=16, help="new tokens per generate call")
     memory.set_defaults(num_threads=1)
     return parser
 
 
 def _load_target(args: argparse.Namespace):
     """`(target, tokenizer)`: the synthetic target of `--synthetic-target`, else `--target` (default SmolLM2)."""
+    import torch
+
     from ..loading import load_target
 
     dtype = getattr(torch, args.dtype)
     if getattr(args, "synthetic_target", None):
-        if args.target:
-            raise ValueError("Pass either --target or --synthetic-target, not both.")
         return build_synthetic_target(args.synthetic_target, args.device, dtype, args.seed), None
     return load_target(args.target, dtype, args.device)
 
@@ -196,7 +257,7 @@ def _run_drafting_cost(args: argparse.Namespace) -> dict[str, Any]:
     result = run_drafting_cost(
         target, drafter, args.prefix_lengths, args.rounds, args.warmup, prefix_ids=prefix_ids, seed=args.seed,
         allow_extrapolation=args.allow_extrapolation, prefill_chunk=args.prefill_chunk,
-        synthetic_prefix_lengths=args.synthetic_prefix_lengths,
+        synthetic_prefix_lengths=args.synthetic_prefix_lengths, progress=not args.quiet,
     )  # fmt: skip
     result["prefix_source"] = "stdlib-code" if prefix_ids is not None else "random"
     result["drafter"] = drafter_info
@@ -208,7 +269,7 @@ def _run_drafting_cost(args: argparse.Namespace) -> dict[str, Any]:
 def _run_verify_cost(args: argparse.Namespace) -> dict[str, Any]:
     target, _ = _load_target(args)
     result = run_verify_cost(target, args.prefix_lengths, args.num_tokens, args.repeats, args.warmup,
-                             prefill_chunk=args.prefill_chunk, seed=args.seed)  # fmt: skip
+                             prefill_chunk=args.prefill_chunk, seed=args.seed, progress=not args.quiet)  # fmt: skip
     result["target"] = _target_name(args)
     _write_outputs(args, result, format_verify_cost(result), plot_verify_cost)
     return result
@@ -223,7 +284,7 @@ def _run_speed(args: argparse.Namespace) -> dict[str, Any]:
     prompts: dict[str, list[dict[str, Any]]] = {}
     if "short" in args.workloads:
         num_short = max([args.num_short_prompts, *(args.batch_sizes or [])])
-        prompts["short"] = short_prompts(tokenizer, num_short, args.held_out)
+        prompts["short"] = short_prompts(tokenizer, num_short, args.held_out or HELD_OUT_DIR)
     if "long" in args.workloads:
         reserve = args.max_new_tokens + drafter.config.block_size + 1
         prompts["long"] = long_context_prompts(
@@ -235,7 +296,7 @@ def _run_speed(args: argparse.Namespace) -> dict[str, Any]:
         target, tokenizer, drafter, prompts, args.max_new_tokens, modes=args.modes, methods=args.methods,
         temperature=args.temperature, prompt_lookup_num_tokens=args.prompt_lookup_num_tokens,
         ignore_eos=args.ignore_eos, warmup=args.warmup, seed=args.seed, drafter_info=drafter_info,
-        progress=args.progress,
+        progress=not args.quiet,
     )  # fmt: skip
     _write_outputs(args, result, format_markdown(result))
     return result
@@ -247,7 +308,7 @@ def _run_batched(args, target, tokenizer, drafter, drafter_info, prompts) -> dic
         target, drafter, {name: [p["input_ids"] for p in items] for name, items in prompts.items()},
         args.batch_sizes, args.max_new_tokens, modes=args.modes, pad_token_id=pad_token_id,
         temperature=args.temperature, ignore_eos=args.ignore_eos, repeats=args.repeats, warmup=int(args.warmup),
-        seed=args.seed, drafter_info=drafter_info, progress=args.progress,
+        seed=args.seed, drafter_info=drafter_info, progress=not args.quiet,
     )  # fmt: skip
     result["target"] = _target_name(args)
     _write_outputs(args, result, format_batched(result))
@@ -259,7 +320,7 @@ def _run_memory(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError("The memory benchmark measures CPU peak RSS; run it with --device cpu.")
     result = run_memory_benchmark(
         args.prompt_lengths, max_new_tokens=args.max_new_tokens, target=args.target, drafter=args.drafter,
-        dtype=args.dtype, num_threads=args.num_threads, seed=args.seed,
+        dtype=args.dtype, num_threads=args.num_threads, seed=args.seed, progress=not args.quiet,
     )  # fmt: skip
     _write_outputs(args, result, format_memory(result))
     return result
@@ -273,13 +334,40 @@ RUNNERS: Mapping[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
 }
 
 
+def check_paths(args: argparse.Namespace) -> None:
+    """Rejects bad paths and conflicting options before any model loads: a missing target, drafter or held-out
+    folder, and an output file whose folder cannot be made or that is a folder."""
+    if getattr(args, "synthetic_target", None) and args.target:
+        raise ValueError("Pass either --target or --synthetic-target, not both.")
+    if args.target:
+        require_folder(args.target, "Target", TARGET_FOLDER_FIX)
+    if args.drafter:
+        require_folder(args.drafter, "Drafter", DRAFTER_FOLDER_FIX)
+    if getattr(args, "held_out", None) is not None:
+        require_path(args.held_out, "Held-out folder", "pass a folder of *.jsonl records written by `longspark "
+                     "regenerate --held-out`, or no --held-out for the default.")  # fmt: skip
+    for flag in ("json", "markdown", "plot"):
+        path = getattr(args, flag, None)
+        if path is None:
+            continue
+        if path.is_dir():
+            raise IsADirectoryError(f"--{flag} {path} is a folder; pass a file name.")
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+
 def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     """Runs the `longspark bench` subcommand in `args` (speed when none), prints its table, writes its files."""
     command = getattr(args, "bench_command", None) or "speed"
+    check_paths(args)
+    _import_runners()
     if command != "memory":  # the memory benchmark runs its workers in fresh processes with their own settings
+        import torch
+
+        import transformers_longspark
+
         if args.num_threads:
             torch.set_num_threads(args.num_threads)
-        import transformers_longspark  # noqa: F401  (installs the generate() hook)
+        transformers_longspark.register()  # the generate() hook
     return RUNNERS[command](args)
 
 

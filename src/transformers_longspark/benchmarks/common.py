@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 from transformers import DynamicCache
 from transformers.cache_utils import Cache
 
@@ -56,12 +57,14 @@ def measure(
     *,
     device: str | torch.device = "cpu",
     prepare: Callable[[str], None] | None = None,
+    progress: str | None = None,
 ) -> dict[str, Timings]:
     """Times several calls interleaved: `warmup` untimed repeats, then `repeats` timed ones.
 
     Each repeat runs every call once, the order rotated from repeat to repeat (A B, B A, ...), so that machine noise
     hits them alike. A call is a callable or a sequence of phases, each timed separately: the first phase takes no
     argument and each next phase gets the previous one's result. `prepare(name)`, untimed, runs before each call.
+    `progress`, when given, labels a progress bar of the repeats on stderr.
 
     Returns:
         `{name: Timings}`; `timings[name].median_ms()` is the median over the timed repeats.
@@ -70,7 +73,8 @@ def measure(
         raise ValueError(f"Need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}.")
     names = list(calls)
     timings = {name: Timings() for name in names}
-    for repeat in range(warmup + repeats):
+    bar = tqdm(range(warmup + repeats), desc=progress, unit="repeat", leave=False, disable=progress is None)
+    for repeat in bar:
         shift = repeat % len(names)
         for name in names[shift:] + names[:shift]:
             if prepare is not None:

@@ -11,16 +11,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
 from ..configuration_longspark import LongSparkConfig
 from ..generation import LongSparkCandidateGenerator
 from ..modeling_longspark import LongSparkDrafterModel
 from .common import machine_info, measure, prefill, timed_call
+from .defaults import DEFAULT_PREFIX_LENGTHS, DEFAULT_SYNTHETIC_PREFIX_LENGTHS
 from .models import make_full_prefix_drafter
 
-DEFAULT_PREFIX_LENGTHS = (512, 1024, 2048, 4096, 8192)
-DEFAULT_SYNTHETIC_PREFIX_LENGTHS = (32768, 65536, 131072)
 # Per-length fields: the report keeps one list per field (`prefix_lengths` for `prefix_length`) and a list of rows.
 ROW_FIELDS = (
     "prefix_length", "longspark_ms", "full_prefix_ms", "longspark_state_bytes", "full_prefix_state_bytes",
@@ -121,7 +121,7 @@ def _row(prefix: _Prefix, timings: Mapping[str, Any], device) -> dict[str, Any]:
     return row
 
 
-def _time_all(prefixes: Sequence[_Prefix], rounds: int, warmup: int, device) -> list[dict[str, Any]]:
+def _time_all(prefixes: Sequence[_Prefix], rounds: int, warmup: int, device, progress=None) -> list[dict[str, Any]]:
     """Times every (drafter, prefix length) pair in ONE interleaved loop, the order rotated every round, so that
     machine noise and the cache traffic of the long full-prefix rounds hit every length alike."""
     calls, setup = {}, {}
@@ -138,7 +138,7 @@ def _time_all(prefixes: Sequence[_Prefix], rounds: int, warmup: int, device) -> 
         gen, absorbed = setup[key]
         gen.state.num_absorbed = absorbed  # steady state: one full block's rows are new
 
-    timings = measure(calls, rounds, warmup, device=device, prepare=prepare)
+    timings = measure(calls, rounds, warmup, device=device, prepare=prepare, progress=progress)
     return [_row(prefix, timings, device) for prefix in prefixes]
 
 
@@ -172,6 +172,7 @@ def run_drafting_cost(
     prefill_chunk: int = 1024,
     full_prefix_drafter: LongSparkDrafterModel | None = None,
     synthetic_prefix_lengths: Sequence[int] = (),
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Per-round drafting time and persistent context-state bytes of LongSpark and the full-prefix baseline.
 
@@ -186,7 +187,8 @@ def run_drafting_cost(
     Prefixes longer than the target's `max_position_embeddings` are skipped (listed in `skipped`) unless
     `allow_extrapolation`: e.g. SmolLM2-135M has 8192 positions and plain RoPE (`rope_type="default"`, no
     scaling), so 8192 is its longest prefix. `synthetic_prefix_lengths` are timed on a synthetic cache (random
-    K/V in the selected layers only, random boundary states; see `synthetic_cache`), at any length.
+    K/V in the selected layers only, random boundary states; see `synthetic_cache`), at any length. `progress` shows
+    progress bars on stderr.
 
     Returns:
         One list per field of `ROW_FIELDS` (`prefix_lengths`, `longspark_ms`, `full_prefix_ms` (median ms per
@@ -218,7 +220,7 @@ def run_drafting_cost(
     drafters = {"longspark": drafter, "full_prefix": full_prefix_drafter or make_full_prefix_drafter(drafter)}
     prefixes = []
     with torch.no_grad():
-        for length in lengths:
+        for length in tqdm(lengths, desc="prefill", unit="prefix", disable=not progress):
             input_ids = tokens[: length + 1].to(device)[None]
             gens = _generators(target, drafters, input_ids)  # both capture the boundary states of the prefill
             cache = prefill(target, input_ids[:, :length], prefill_chunk)
@@ -233,7 +235,7 @@ def run_drafting_cost(
                 for gen in gens.values():
                     gen.capture.states[slot] = state
             prefixes.append(_Prefix(length, cache, gens, input_ids, synthetic=True))
-        rows = _time_all(prefixes, rounds, warmup, device)
+        rows = _time_all(prefixes, rounds, warmup, device, "drafting rounds" if progress else None)
     del prefixes
 
     column_names = {field: "prefix_lengths" if field == "prefix_length" else field for field in ROW_FIELDS}

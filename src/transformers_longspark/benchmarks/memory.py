@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from ..loading import load_drafter, load_target
 from .common import machine_info
@@ -22,7 +23,9 @@ def _memory_worker(spec: Mapping[str, Any]) -> dict[str, Any]:
 
     if spec.get("num_threads"):
         torch.set_num_threads(spec["num_threads"])
-    import transformers_longspark  # noqa: F401  (installs the generate() hook)
+    import transformers_longspark
+
+    transformers_longspark.register()  # the generate() hook
 
     dtype = getattr(torch, spec.get("dtype", "float32"))
     target, _ = load_target(spec.get("target"), dtype)
@@ -71,19 +74,22 @@ def run_memory_benchmark(
     num_threads: int | None = 1,
     seed: int = 0,
     timeout: float | None = 1800,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """The drafter's extra peak memory over plain `generate`, at each prompt length (CPU, peak RSS).
 
     Each configuration (plain / assisted x prompt length) runs in a fresh subprocess that loads the target (a local
     checkpoint path, or the SmolLM2 demo target when None) and, if assisted, the drafter (`drafter` path, else the
     default one of :func:`load_drafter`), records `ru_maxrss` after loading, generates `max_new_tokens`
-    greedy tokens from a seeded random prompt of that length, and records `ru_maxrss` again.
+    greedy tokens from a seeded random prompt of that length, and records `ru_maxrss` again. `progress` shows a bar
+    of the processes on stderr.
 
     Returns, per length: both peaks, `extra_peak_mib` (assisted - plain peak, drafter weights included) and
     `extra_runtime_mib` ((assisted peak - its after-load RSS) - (plain peak - its after-load RSS)); and
     `extra_peak_growth_mib`, the change of the extra from the shortest to the longest prompt.
     """
     runs = []
+    bar = tqdm(total=2 * len(prompt_lengths), desc="memory", unit="process", disable=not progress)
     command = "from transformers_longspark.benchmarks.memory import _memory_worker_main; _memory_worker_main()"
     for length in prompt_lengths:
         for mode in ("plain", "assisted"):
@@ -105,6 +111,8 @@ def run_memory_benchmark(
                     f"{completed.stderr[-4000:]}"
                 )
             runs.append(json.loads(lines[-1][len("MEMORY-RESULT ") :]))
+            bar.update(1)
+    bar.close()
     mib = 1 / 1024
     lengths = []
     for length in prompt_lengths:

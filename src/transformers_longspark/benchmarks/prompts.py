@@ -10,10 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..corpora import HELD_OUT_PERCENT, is_held_out
-
-DEFAULT_LONG_LENGTHS = (2048, 4096, 8192)
-SHORT_SOURCES = ("gsm8k", "mmath-en", "stdlib-code")
-HELD_OUT_DIR = Path("data") / "smollm2" / "held_out"
+from .defaults import DEFAULT_LONG_LENGTHS, HELD_OUT_DIR, SHORT_SOURCES
 
 
 def chat_prompt_ids(tokenizer, messages: Sequence[Mapping[str, str]]) -> list[int]:

@@ -16,24 +16,20 @@ cache, so that one run shows each method before and after.
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel
 
 from ..modeling_longspark import LongSparkDrafterModel
 from ..verification import fast_verification
 from .common import machine_info, time_forward_calls, timed_call
+from .defaults import METHODS, MODES
 from .models import make_full_prefix_drafter
 from .prompts import chat_prompt_ids
 
-MODES = ("greedy", "sampled")
-METHODS = (
-    "plain", "prompt_lookup", "prompt_lookup_fast", "longspark", "longspark_whole_blocks", "longspark_stock_verify",
-    "full_prefix",
-)  # fmt: skip
 METHOD_LABELS = {
     "plain": "plain generate",
     "prompt_lookup": "prompt lookup",
@@ -288,6 +284,7 @@ def run_speed_benchmark(
         ignore_eos: force exactly `max_new_tokens` tokens (`min_new_tokens`) for equal-length runs.
         warmup: run every (mode, method) once, untimed, on the first prompt before measuring.
         seed: sampled runs of prompt `i` start from the RNG seed `seed + i` for every method.
+        progress: show a progress bar of the runs on stderr.
 
     Per prompt, the methods run back to back in an order rotated from prompt to prompt (A/B/A/B interleaving).
 
@@ -316,13 +313,18 @@ def run_speed_benchmark(
     options = dict(drafters=drafters, pad_token_id=pad_token_id, temperature=temperature,
                    prompt_lookup_num_tokens=prompt_lookup_num_tokens, ignore_eos=ignore_eos)  # fmt: skip
 
+    num_runs = sum(len(items) * len(per_mode[mode]) for items in workloads.values() for mode in modes)
+    num_warmups = sum(len(per_mode[mode]) for mode in modes) if warmup else 0
+    bar = tqdm(total=num_warmups + num_runs, desc="speed", unit="run", disable=not progress)
     if warmup:
         first = next(iter(workloads.values()))[0]
         input_ids = torch.tensor([first["input_ids"]], device=device)
         for mode in modes:
             for method in per_mode[mode]:
+                bar.set_postfix_str(f"warm-up {mode} {method}")
                 kwargs = _generate_kwargs(method, mode, max_new_tokens=min(max_new_tokens, 8), **options)
                 _run_once(target, input_ids, method, kwargs, device, seed)
+                bar.update(1)
 
     report_workloads: dict[str, Any] = {}
     rows = []
@@ -340,14 +342,14 @@ def run_speed_benchmark(
                 input_ids = torch.tensor([prompt["input_ids"]], device=device)
                 shift = index % len(names)
                 for method in names[shift:] + names[:shift]:
+                    bar.set_postfix_str(f"{workload} {mode} {prompt['name']} ({len(prompt['input_ids'])} tokens) "
+                                        f"{method}")  # fmt: skip
                     kwargs = _generate_kwargs(method, mode, max_new_tokens=max_new_tokens, **options)
                     seed_i = seed + index if mode == "sampled" else None
                     run = _run_once(target, input_ids, method, kwargs, device, seed_i)
                     run.update(prompt=prompt["name"], prompt_tokens=len(prompt["input_ids"]))
                     runs[method].append(run)
-                    if progress:
-                        print(f"[{workload}/{mode}] {prompt['name']} {method}: {run['new_tokens']} tokens in "
-                              f"{run['seconds']:.2f} s", file=sys.stderr)  # fmt: skip
+                    bar.update(1)
                 if mode == "greedy":
                     reference = runs["plain"][-1]["new_ids"]
                     for method in names:
@@ -360,6 +362,7 @@ def run_speed_benchmark(
                     run.pop("new_ids")
             entry[mode] = {"methods": summaries, "runs": runs}
         report_workloads[workload] = entry
+    bar.close()
 
     return {
         "benchmark": "speed",

@@ -14,13 +14,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel
 
 from ..verification import fast_verification, reserve_cache_rows
 from .common import machine_info, measure, prefill, timed_call
+from .defaults import DEFAULT_NUM_TOKENS, DEFAULT_VERIFY_PREFIX_LENGTHS
 
-DEFAULT_VERIFY_PREFIX_LENGTHS = (512, 1024, 2048, 4096, 8192)
-DEFAULT_NUM_TOKENS = (1, 2, 4, 8, 16)
 PATHS = ("stock", "longspark")
 
 
@@ -37,7 +37,7 @@ def reserved_copy(cache: DynamicCache, config, num_rows: int) -> DynamicCache:
     return reserved
 
 
-def _time_forwards(target, caches, ids, length: int, counts, repeats: int, warmup: int, device):
+def _time_forwards(target, caches, ids, length: int, counts, repeats: int, warmup: int, device, progress=None):
     """`{path: [median ms per k]}` of the forwards of `ids[:, length : length + k]` on each path's cache."""
 
     def prepare(path: str) -> None:
@@ -58,7 +58,8 @@ def _time_forwards(target, caches, ids, length: int, counts, repeats: int, warmu
                 forward("longspark")
 
         calls = {"stock": lambda forward=forward: forward("stock"), "longspark": fast_forward}
-        timings = measure(calls, repeats, warmup, device=device, prepare=prepare)
+        label = None if progress is None else f"{progress}, k={k}"
+        timings = measure(calls, repeats, warmup, device=device, prepare=prepare, progress=label)
         for path in PATHS:
             medians[path].append(timings[path].median_ms())
     return medians
@@ -73,6 +74,7 @@ def run_verify_cost(
     *,
     prefill_chunk: int = 2048,
     seed: int = 0,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Milliseconds of one cached target forward of `k` tokens after `t` cached rows, stock vs fast path.
 
@@ -82,7 +84,7 @@ def run_verify_cost(
     interleaved per repeat so that machine noise hits both alike; before each forward, untimed, `cache.crop(-k)` drops
     the previous forward's rows, as assisted decoding does after a rejection. Times are medians of `repeats`
     forwards after `warmup` untimed ones. Positions past `max_position_embeddings` are used as they come (the cost
-    depends on shapes alone).
+    depends on shapes alone). `progress` shows progress bars on stderr.
 
     Returns:
         `prefix_lengths`, `num_tokens`, `stock_ms` and `longspark_ms` (`[prefix][k]` median ms),
@@ -103,13 +105,14 @@ def run_verify_cost(
     result: dict[str, Any] = {"prefix_lengths": lengths, "num_tokens": counts, "stock_ms": [], "longspark_ms": [],
                               "prefill_ms": []}  # fmt: skip
     with torch.no_grad():
-        for length in lengths:
+        for length in tqdm(lengths, desc="verify-cost", unit="prefix", disable=not progress):
             ids = torch.randint(0, config.vocab_size, (1, length + max(counts)), generator=generator).to(device)
             seconds, stock = timed_call(prefill, target, ids[:, :length], prefill_chunk, device=device)
             result["prefill_ms"].append(1000.0 * seconds)
             caches = {"stock": stock, "longspark": reserved_copy(stock, target.config, length + max(counts))}
             del stock
-            medians = _time_forwards(target, caches, ids, length, counts, repeats, warmup, device)
+            label = f"{length} tokens" if progress else None
+            medians = _time_forwards(target, caches, ids, length, counts, repeats, warmup, device, label)
             for path in PATHS:
                 result[f"{path}_ms"].append(medians[path])
             del caches

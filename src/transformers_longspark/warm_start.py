@@ -1,0 +1,75 @@
+"""Warm start: a drafter initialised from its target, "an efficient distilled version of the Target" (paper).
+
+Draft layer `j` attends over the K/V rows of target layer `S[j]`, so that layer's own projections already produce
+queries that match those keys. `init_from_target` copies, for each draft layer `j`, target layer `S[j]`'s attention
+(`q/k/v/o`, and its head norms where the target has them), MLP and both RMSNorms; starts the input projection so that
+each slot reads its token embedding (`[I, 0]` over `[embedding; boundary]`, block-position embeddings at zero); and
+leaves the boundary fusion and the Markov correction neutral (their output is ignored or zero at the start). At step 0
+the anchor slot is thus the target's own computation through `D` of its layers, and training starts from there.
+
+A drafter MLP narrower than the target's keeps the target's neurons of largest weight (`|up_n| * |gate_n| * |down_n|`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from .configuration_longspark import LongSparkConfig
+from .modeling_longspark import LongSparkDrafterModel
+
+
+def warm_start_config(target: PreTrainedModel, **overrides: Any) -> LongSparkConfig:
+    """The drafter config for `target` with head norms where the target has them (`use_qk_norm`)."""
+    attention = target.get_decoder().layers[0].self_attn
+    overrides.setdefault("use_qk_norm", hasattr(attention, "q_norm"))
+    return LongSparkConfig.from_target_config(target.config, **overrides)
+
+
+@torch.no_grad()
+def init_from_target(drafter: LongSparkDrafterModel, target: PreTrainedModel) -> LongSparkDrafterModel:
+    """Copies target layer `S[j]` into draft layer `j` (see the module docstring); returns `drafter`."""
+    config = drafter.config
+    has_head_norms = hasattr(target.get_decoder().layers[0].self_attn, "q_norm")
+    if has_head_norms != config.use_qk_norm:
+        raise ValueError(
+            f"The target {'has' if has_head_norms else 'has no'} per-head q/k norms but the drafter's use_qk_norm is "
+            f"{config.use_qk_norm}; build the drafter config with `warm_start_config(target)`."
+        )
+    target_layers = target.get_decoder().layers
+    for draft_layer, layer_id in zip(drafter.layers, config.target_layer_ids):
+        source = target_layers[layer_id]
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj", *(("q_norm", "k_norm") if has_head_norms else ())):
+            _copy(getattr(draft_layer.self_attn, name), getattr(source.self_attn, name))
+        _copy(draft_layer.input_layernorm, source.input_layernorm)
+        _copy(draft_layer.post_attention_layernorm, source.post_attention_layernorm)
+        _copy_mlp(draft_layer.mlp, source.mlp)
+    hidden = config.hidden_size
+    drafter.project_inputs.weight.zero_()
+    drafter.project_inputs.weight[:, :hidden].copy_(torch.eye(hidden))
+    drafter.block_positions.weight.zero_()
+    drafter.markov_proj.weight.zero_()
+    return drafter
+
+
+def _copy(destination: nn.Module, source: nn.Module) -> None:
+    for name, tensor in source.state_dict().items():
+        destination.state_dict()[name].copy_(tensor)
+
+
+def _copy_mlp(destination: nn.Module, source: nn.Module) -> None:
+    """SwiGLU `down(act(gate(x)) * up(x))`: all neurons, or the `width` of largest weight when narrower."""
+    width = destination.up_proj.out_features
+    gate, up, down = source.gate_proj.weight, source.up_proj.weight, source.down_proj.weight
+    if width > gate.shape[0]:
+        raise ValueError(f"The drafter's MLP ({width}) is wider than the target's ({gate.shape[0]}).")
+    keep = (gate.norm(dim=1) * up.norm(dim=1) * down.norm(dim=0)).topk(width).indices.sort().values
+    destination.gate_proj.weight.copy_(gate[keep])
+    destination.up_proj.weight.copy_(up[keep])
+    destination.down_proj.weight.copy_(down[:, keep])
+
+
+__all__ = ["init_from_target", "warm_start_config"]

@@ -1,0 +1,57 @@
+"""The lookup source's index against a brute-force search."""
+
+import random
+
+import pytest
+import torch
+
+from transformers_longspark.lookup import SuffixIndex, point_mass_logits
+
+
+def brute_force_match(tokens: list[int], min_ngram: int, max_ngram: int) -> tuple[int, int]:
+    """The longest suffix (up to `max_ngram`) that occurred earlier with a token after it; the latest such start."""
+    for n in range(min(max_ngram, len(tokens) - 1), min_ngram - 1, -1):
+        suffix = tokens[len(tokens) - n :]
+        for end in range(len(tokens) - 1, n - 1, -1):  # the occurrence tokens[end - n : end] is followed by tokens[end]
+            if tokens[end - n : end] == suffix:
+                return n, end
+    return 0, -1
+
+
+@pytest.mark.parametrize("vocab, min_ngram, max_ngram", [(3, 1, 4), (5, 2, 6), (50, 2, 3)])
+def test_index_matches_brute_force_on_random_streams(vocab, min_ngram, max_ngram):
+    rng = random.Random(vocab)
+    for _ in range(30):
+        index, stream = SuffixIndex(min_ngram, max_ngram), []
+        for _ in range(rng.randint(1, 12)):  # commits of 1..5 tokens, as rounds accept them
+            new = [rng.randrange(vocab) for _ in range(rng.randint(1, 5))]
+            if rng.random() < 0.3 and len(stream) > 4:  # repeat an earlier stretch, as code does
+                start = rng.randrange(len(stream) - 3)
+                new = stream[start : start + rng.randint(2, 6)]
+            stream += new
+            index.extend(new)
+            assert index.longest_match() == brute_force_match(stream, min_ngram, max_ngram)
+            n, start = index.longest_match()
+            continuation, matched = index.propose(4)
+            assert matched == n
+            if n:
+                extended = stream + continuation
+                assert extended[start : start + 4] == continuation  # it continues the earlier occurrence
+            else:
+                assert continuation == []
+
+
+def test_a_repetition_continues_with_its_period():
+    index = SuffixIndex(2, 4)
+    index.extend([7, 8, 9, 7, 8, 9, 7, 8])
+    assert index.propose(5) == ([9, 7, 8, 9, 7], 4)
+
+
+def test_point_mass_logits():
+    logits = point_mass_logits(torch.tensor([[2, 0]]), 4)
+    assert logits.softmax(-1).tolist() == [[[0, 0, 1, 0], [1, 0, 0, 0]]]
+
+
+def test_bad_ngram_range_is_refused():
+    with pytest.raises(ValueError, match="min_ngram <= max_ngram"):
+        SuffixIndex(3, 2)
