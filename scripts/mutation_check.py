@@ -1,10 +1,10 @@
 #!/usr/bin/env python
-"""Mutation check: do the tests catch plausible one-line context bugs that keep generation lossless?
+"""Mutation check: do the tests catch plausible one-line bugs that cost exactness or tau silently?
 
-Copies `src/`, `tests/` and `pyproject.toml` to a temporary directory, runs a fast test subset on the unmutated copy
-(it must pass), then applies each mutation below as an exact one-line textual substitution (failing loudly if its
-pattern no longer occurs exactly once) and requires the subset to FAIL with an assertion, not a crash. The copy's
-`src` is put first on PYTHONPATH (and checked to be the package imported).
+Copies `src/`, `tests/` and `pyproject.toml` to a temporary directory, runs every mutation's tests on the unmutated
+copy (they must pass), then applies each mutation below as an exact one-line textual substitution (failing loudly if
+its pattern no longer occurs exactly once) and requires its concept's tests to FAIL with an assertion, not a crash.
+The copy's `src` is put first on PYTHONPATH (and checked to be the package imported).
 
     python scripts/mutation_check.py [--only NAME ...] [--with-sampling] [--keep]
 
@@ -21,18 +21,24 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = Path("src/transformers_longspark")
-TEST_FILES = [
-    "tests/test_alignment.py",
-    "tests/test_training.py",
-    "tests/test_context_state.py",
-    "tests/test_generation.py",
-]
-# The chi-square tests check the verifier's law (independent of what the drafter sees) and take ~50 s.
+# The tests each mutation must fail (its concept's tests); the baseline runs all of them, unmutated, once.
+ALIGNMENT = ("tests/test_alignment.py", "tests/test_training.py", "tests/test_context_state.py")
+GENERATION = ("tests/test_generation.py",)
+EXACTNESS = ("tests/test_exactness.py",)
+BATCHES = ("tests/test_batched.py", "tests/test_exactness.py")
+LOOKUP = ("tests/test_lookup.py", "tests/test_exactness.py")
+RELIABILITY = ("tests/test_reliability.py",)
+VERIFICATION = ("tests/test_verification.py",)
+NETWORK = ("tests/test_golden.py",)
+TRAINING = ("tests/test_training.py",)
+WARM_START = ("tests/test_warm_start.py",)
+# The chi-square tests of test_generation check the verifier's law (independent of what the drafter sees); ~50 s.
 SLOW_TESTS = ["tests/test_generation.py::test_sampling_matches_the_exact_target_law",
               "tests/test_generation.py::test_chi_square_detects_a_broken_verifier"]  # fmt: skip
 
@@ -43,10 +49,11 @@ class Mutation:
     file: str
     old: str
     new: str
+    tests: tuple[str, ...] = ALIGNMENT + GENERATION
 
 
 MUTATIONS = [
-    # Not caught before tests/test_alignment.py existed.
+    # What the drafter sees (each keeps generation lossless and only lowers tau).
     Mutation("boundary at the last verified position, not the last accepted one", "generation.py",
              "position = -1 if self.boundary_from_prefill else n_last_matches", "position = -1"),
     Mutation("training anchor token a = ids[t - 1]", "distillation.py",
@@ -56,7 +63,6 @@ MUTATIONS = [
     Mutation("training labels ids[t + i]", "distillation.py",
              "labels = drafter.draft_indices(ids[label_positions])",
              "labels = drafter.draft_indices(ids[label_positions - 1])"),
-    # Already caught by the older tests.
     Mutation("inference RoPE position t + 1", "drafting.py",
              "positions = torch.tensor([num_columns], device=", "positions = torch.tensor([num_columns + 1], device="),
     Mutation("inference Markov predecessor of the first draft", "drafting.py",
@@ -64,6 +70,64 @@ MUTATIONS = [
     Mutation("training window rows [t - W + 1, t]", "distillation.py",
              "rows = anchors[:, None] - width + torch.arange(width, device=ids.device)",
              "rows = anchors[:, None] - width + 1 + torch.arange(width, device=ids.device)"),
+    Mutation("incremental summary scaled by 1/d instead of 1/sqrt(d)", "context_state.py",
+             "scale = queries.shape[-1] ** -0.5", "scale = queries.shape[-1] ** -1.0"),
+    Mutation("logits processors see a stale prefix while a block is drafted", "drafting.py",
+             "process_logits(logits_processor, sequences, rows, lengths + i,",
+             "process_logits(logits_processor, sequences, rows, lengths,", GENERATION),
+    # Exactness of sampling.
+    Mutation("drafts sampled from another law than the one handed to the verifier", "drafting.py",
+             "choice = torch.multinomial(probs, num_samples=1)[:, 0] if do_sample",
+             "choice = torch.multinomial(probs.sqrt(), num_samples=1)[:, 0] if do_sample", EXACTNESS),
+    Mutation("batched sampling accepts drafts past a row's cut", "batched.py",
+             "accepted = (torch.rand_like(p_drafted) <= p_drafted / q_drafted) & (steps < num_drafted[:, None])",
+             "accepted = torch.rand_like(p_drafted) <= p_drafted / q_drafted", BATCHES),
+    Mutation("batched greedy accepts drafts past a row's cut", "batched.py",
+             "matches = (drafted == target_tokens[:, :-1]) & (steps < num_drafted[:, None])",
+             "matches = drafted == target_tokens[:, :-1]", BATCHES),
+    Mutation("batched residual resampled from p instead of max(p - q, 0)", "batched.py",
+             "residual = (p_next - q[rows, num_accepted.clamp(max=k - 1)]).clamp(min=0.0)",
+             "residual = p_next.clamp(min=0.0)", BATCHES),
+    Mutation("batched positions skip the bonus token", "batched.py",
+             "self.positions = self.positions + num_accepted + 1", "self.positions = self.positions + num_accepted",
+             BATCHES),
+    # The lookup source.
+    Mutation("lookup tokens handed to the verifier with a uniform law", "drafting.py",
+             "logits[r, : len(ids)] = ids, point_mass_logits(ids, vocab_size)",
+             "logits[r, : len(ids)] = ids, torch.zeros(len(ids), vocab_size)", LOOKUP),
+    Mutation("lookup index one token behind (the anchor missing)", "drafting.py",
+             "index.extend(sequences[rows[r], index.offset + len(index) : int(lengths[r])].tolist())",
+             "index.extend(sequences[rows[r], index.offset + len(index) : int(lengths[r]) - 1].tolist())", LOOKUP),
+    Mutation("lookup continuation off by one", "lookup.py",
+             "index[tuple(tokens_list[end - n : end])] = end", "index[tuple(tokens_list[end - n : end])] = end - 1",
+             LOOKUP),
+    # The verification path and concurrency.
+    Mutation("verification mask lets a block token see the next one", "verification.py",
+             "dtype=torch.bool, device=query.device).triu_(1)", "dtype=torch.bool, device=query.device).triu_(2)",
+             VERIFICATION),
+    Mutation("plain forwards of other threads take the fast path", "verification.py",
+             "or unsupported or float_mask or not _thread.depth:", "or unsupported or float_mask:", RELIABILITY),
+    Mutation("capture hooks record other threads' forwards", "targets.py",
+             "if threading.get_ident() != owner:", "if threading.get_ident() == -1:", RELIABILITY),
+    # The network (training and inference alike: only golden logits see it).
+    Mutation("boundary fusion without its norm", "modeling_longspark.py",
+             "boundary = self.boundary_norm(self.fuse_boundary(boundary))",
+             "boundary = self.fuse_boundary(boundary)", NETWORK),
+    Mutation("block-position embeddings dropped", "modeling_longspark.py",
+             "hidden = target.embed_tokens(block_ids).to(self.dtype) + self.block_positions.weight[:b]",
+             "hidden = target.embed_tokens(block_ids).to(self.dtype)", NETWORK),
+    # The distillation step.
+    Mutation("summary queries get no gradient", "distillation.py",
+             "prefix_summaries(drafter.summary_queries[j], keys, values, anchors)",
+             "prefix_summaries(drafter.summary_queries[j].detach(), keys, values, anchors)", TRAINING),
+    Mutation("loss weights swapped on their way to draft_loss", "distillation.py",
+             "config.ce_weight, config.position_decay)", "config.position_decay, config.ce_weight)", TRAINING),
+    Mutation("anchors never reach the last labelled position", "distillation.py",
+             "low, high = sequence.anchor_start, len(sequence.ids) - 1",
+             "low, high = sequence.anchor_start, len(sequence.ids) - 2", TRAINING),
+    Mutation("warm start: the input projection reads the boundary, not the token", "warm_start.py",
+             "drafter.project_inputs.weight[:, :hidden].copy_(torch.eye(hidden))",
+             "drafter.project_inputs.weight[:, hidden:].copy_(torch.eye(hidden))", WARM_START),
 ]  # fmt: skip
 
 
@@ -100,9 +164,9 @@ def check_import_location(root: Path) -> None:
         raise SystemExit(f"The copy's package is not the one imported ({out}); PYTHONPATH does not take precedence.")
 
 
-def run_tests(root: Path, with_sampling: bool, timeout: int) -> tuple[int, str, float]:
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *TEST_FILES]
-    if not with_sampling:
+def run_tests(root: Path, files: Sequence[str], with_sampling: bool, timeout: int) -> tuple[int, str, float]:
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *files]
+    if not with_sampling and "tests/test_generation.py" in files:
         command += [f"--deselect={test}" for test in SLOW_TESTS]
     start = time.perf_counter()
     try:
@@ -144,7 +208,8 @@ def main() -> int:
             apply(m, originals[m.file])
         check_import_location(root)
 
-        code, output, seconds = run_tests(root, args.with_sampling, args.timeout)
+        every_file = sorted({file for m in mutations for file in m.tests})
+        code, output, seconds = run_tests(root, every_file, args.with_sampling, args.timeout)
         summary = output.strip().splitlines()[-1] if output.strip() else ""
         print(f"baseline (unmutated): {'PASS' if code == 0 else 'FAIL'} in {seconds:.0f} s  [{summary}]", flush=True)
         if code != 0:
@@ -157,7 +222,7 @@ def main() -> int:
             path = root / PACKAGE / m.file
             path.write_text(apply(m, originals[m.file]))
             try:
-                code, output, seconds = run_tests(root, args.with_sampling, args.timeout)
+                code, output, seconds = run_tests(root, m.tests, args.with_sampling, args.timeout)
             finally:
                 path.write_text(originals[m.file])
             failure, is_assertion = first_failure(output)

@@ -14,8 +14,11 @@ from conftest import make_bigram_target, make_drafter, make_oracle_drafter, make
 from transformers_longspark import benchmarks
 from transformers_longspark.benchmarks import (
     DEFAULT_METHODS,
+    DRAFTER_METHODS,
     METHODS,
+    PLAIN_METHODS,
     accepted_length,
+    add_speedups,
     count_forward_calls,
     format_markdown,
     full_prefix_state_bytes,
@@ -27,14 +30,23 @@ from transformers_longspark.benchmarks import (
     run_speed_benchmark,
     summarize_runs,
 )
+from transformers_longspark.benchmarks.speed import drafter_settings
+from transformers_longspark.generation import DraftingStats
 from transformers_longspark.verification import ATTENTION_NAME, ReservedDynamicLayer, grouped_verification_attention
 
 SUMMARY_FIELDS = {
     "method", "tau", "tokens_per_s", "speedup", "ms_per_token", "new_tokens", "seconds", "rounds", "target_forwards",
     "tokens_per_forward",
 }  # fmt: skip
-DRAFTER_FIELDS = {"proposal_ms_per_round", "context_update_ms_per_round", "context_state_bytes", "drafted_tokens"}
-DRAFTER_METHODS = ("longspark", "longspark_whole_blocks", "longspark_stock_verify", "full_prefix")
+DRAFTER_FIELDS = {
+    "proposal_ms_per_round",
+    "context_update_ms_per_round",
+    "context_state_bytes",
+    "drafted_tokens",
+    "lookup_rounds",
+    "acceptance_rates",
+    "accepted_histogram",
+}
 
 
 # --- tau ----------------------------------------------------------------------------------------------------------
@@ -116,7 +128,7 @@ def test_speed_report_runs_per_prompt(speed_report):
         assert [run["prompt"] for run in runs] == ["prompt-0", "prompt-1"]
         for run in runs:
             assert run["new_tokens"] == 10
-            if method == "plain":
+            if method in PLAIN_METHODS:
                 assert run["target_forwards"] == 10
             if method in DRAFTER_METHODS:
                 assert run["target_forwards"] == run["rounds"] + 1  # prefill, then one forward per round
@@ -136,7 +148,104 @@ def test_verification_paths_change_nothing_but_the_time(speed_report):
             assert rounds[0] == rounds[1], (workload, fast)
 
 
-@pytest.mark.parametrize("method", ["longspark", "longspark_stock_verify", "prompt_lookup", "prompt_lookup_fast"])
+def test_new_plain_paths_and_lookup_methods_are_lossless(speed_report):
+    """plain_fast, plain_static and LongSpark with the lookup source off and on: greedy outputs identical to plain."""
+    for workload in ("short", "long"):
+        greedy = speed_report["workloads"][workload]["greedy"]["methods"]
+        for method in ("plain_fast", "plain_static", "longspark_no_lookup", "longspark_lookup"):
+            assert greedy[method]["greedy_identical"], (workload, method)
+            assert greedy[method]["greedy_identical_prompts"] == greedy[method]["prompts"]
+        for method in PLAIN_METHODS:
+            summary = greedy[method]
+            assert summary["tau"] == 1.0 and summary["rounds"] == summary["target_forwards"] - summary["prompts"]
+
+
+def test_speedup_vs_best_plain_is_over_the_fastest_plain_path_of_the_run():
+    def summary(tokens_per_s, decode_tokens_per_s):
+        return {"tokens_per_s": tokens_per_s, "decode_tokens_per_s": decode_tokens_per_s}
+
+    summaries = {
+        "plain": summary(10.0, 8.0),
+        "plain_fast": summary(12.0, 16.0),  # fastest plain path end to end
+        "plain_static": summary(11.0, 20.0),  # fastest plain path for decoding
+        "prompt_lookup": summary(30.0, 40.0),  # faster, but not a plain path
+        "longspark": summary(18.0, 24.0),
+    }
+    add_speedups(summaries)
+    longspark = summaries["longspark"]
+    assert longspark["speedup"] == pytest.approx(1.8) and longspark["decode_speedup"] == pytest.approx(3.0)
+    assert longspark["speedup_vs_best_plain"] == pytest.approx(18 / 12) and longspark["best_plain"] == "plain_fast"
+    assert longspark["decode_speedup_vs_best_plain"] == pytest.approx(24 / 20)
+    assert longspark["best_plain_decode"] == "plain_static"
+    assert summaries["plain_fast"]["speedup_vs_best_plain"] == 1.0
+    assert summaries["plain"]["speedup_vs_best_plain"] == pytest.approx(10 / 12)
+    # Only stock plain measured (or the others without a rate): the best plain path is plain itself.
+    only_plain = {"plain": summary(10.0, 8.0), "plain_fast": summary(None, None), "longspark": summary(18.0, 24.0)}
+    add_speedups(only_plain)
+    assert only_plain["longspark"]["speedup_vs_best_plain"] == only_plain["longspark"]["speedup"] == 1.8
+    assert only_plain["longspark"]["best_plain"] == "plain" and only_plain["plain_fast"]["speedup"] is None
+
+
+def test_lookup_methods_turn_the_lookup_source_on_and_off_and_restore_the_drafter():
+    """On a bigram target greedy decoding cycles, so the lookup source finds its suffix again: longspark_lookup
+    proposes continuations (point-mass, lossless), longspark_no_lookup never; the drafter is left as it was."""
+    target = make_bigram_target("llama", vocab_size=64, seed=2)
+    drafter = make_oracle_drafter(target, agree_on=lambda ids: ids % 3 != 0, window_size=8, block_size=4)
+    methods = ["longspark_no_lookup", "longspark_lookup"]
+    report = run_speed_benchmark(
+        target, None, drafter, [[5, 9, 28, 5, 9, 28]], 40, modes=["greedy"], methods=methods, lookup_min_match=2,
+        lookup_num_tokens=6, warmup=False
+    )
+    greedy = report["workloads"]["prompts"]["greedy"]
+    lookup, no_lookup = greedy["methods"]["longspark_lookup"], greedy["methods"]["longspark_no_lookup"]
+    assert lookup["greedy_identical"] and no_lookup["greedy_identical"]
+    assert lookup["lookup_rounds"] > 0 and no_lookup["lookup_rounds"] == 0
+    assert lookup["lookup_round_share"] == lookup["lookup_rounds"] / lookup["rounds"]
+    assert len(lookup["acceptance_rates"]) > drafter.config.block_size  # lookup continuations are 6 > 4 tokens long
+    for summary in (lookup, no_lookup):
+        rates = summary["acceptance_rates"]
+        assert all(1.0 >= a >= b >= 0.0 for a, b in pairwise([1.0, *rates]))
+        assert sum(summary["accepted_histogram"]) == summary["rounds"]
+        assert rates == DraftingStats(accepted_histogram=summary["accepted_histogram"]).acceptance_rates()
+    run = greedy["runs"]["longspark_lookup"][0]
+    assert run["lookup_rounds"] == lookup["lookup_rounds"] and run["acceptance_rates"] == lookup["acceptance_rates"]
+    assert report["settings"]["lookup_min_match"] == 2 and report["settings"]["lookup_num_tokens"] == 6
+    assert "lookup_min_match" not in vars(drafter.generation_config)
+    assert "lookup_num_tokens" not in vars(drafter.generation_config)
+    with pytest.raises(ValueError, match="lookup_min_match"):
+        run_speed_benchmark(target, None, drafter, [[5, 9]], max_new_tokens=2, lookup_min_match=0)
+
+
+def test_drafter_settings_are_applied_inside_and_restored_after():
+    target = make_target("llama")
+    drafter = make_drafter(target)
+    config = drafter.generation_config
+    config.assistant_confidence_threshold = 0.3
+    settings = {"fast_verification": False, "assistant_confidence_threshold": 0.0, "lookup_min_match": 3}
+    with pytest.raises(RuntimeError), drafter_settings(drafter, settings):
+        assert not drafter.fast_verification and config.assistant_confidence_threshold == 0.0
+        assert config.lookup_min_match == 3
+        raise RuntimeError("restored even when the run fails")
+    assert drafter.fast_verification and config.assistant_confidence_threshold == 0.3
+    assert "lookup_min_match" not in vars(config)
+
+
+def test_plain_static_sizes_its_cache_for_each_call():
+    """transformers keeps a static cache as long as the longest call so far; the benchmark sizes it per call, so a
+    short prompt after a long one does not attend over the long one's rows."""
+    target = make_bigram_target("llama", vocab_size=64, seed=2)
+    drafter = make_oracle_drafter(target, window_size=8, block_size=4)
+    prompts = [list(range(1, 41)), [5, 9, 28, 5, 9]]  # the short prompt's static run comes last (rotated order)
+    report = run_speed_benchmark(target, None, drafter, prompts, 6, modes=["greedy"], methods=["plain_static"])
+    assert report["workloads"]["prompts"]["greedy"]["methods"]["plain_static"]["greedy_identical"]
+    assert target._previous_max_cache_length == 5 + 6 - 1  # the last call's own length
+    assert report["settings"]["static_cache_len"] == "per call"  # on CPU; one size for the run where it compiles
+
+
+@pytest.mark.parametrize(
+    "method",
+    ["longspark", "longspark_stock_verify", "prompt_lookup", "prompt_lookup_fast", "plain_fast", "plain_static"],
+)
 def test_each_method_verifies_on_its_own_path(method, monkeypatch):
     """The fast methods reach the grouped-head attention and reserved cache rows; the stock ones (and plain) never."""
     calls = {"attention": 0, "reserved": 0}
@@ -156,7 +265,7 @@ def test_each_method_verifies_on_its_own_path(method, monkeypatch):
     drafter = make_oracle_drafter(target, window_size=8, block_size=4)
     report = run_speed_benchmark(target, None, drafter, [[5, 9, 28, 5, 9]], max_new_tokens=6, modes=["greedy"],
                                  methods=[method], warmup=False)  # fmt: skip
-    fast = method in ("longspark", "prompt_lookup_fast")
+    fast = method in ("longspark", "prompt_lookup_fast", "plain_fast")
     assert (calls["attention"] > 0, calls["reserved"] > 0) == (fast, fast)
     assert drafter.fast_verification  # restored after the stock-verification runs
     assert all(row["greedy_identical"] for row in report["rows"])
@@ -169,8 +278,14 @@ def test_speed_report_is_json_and_markdown_lists_every_method(speed_report, tmp_
     table = format_markdown(speed_report)
     for label in benchmarks.METHOD_LABELS.values():
         assert f"| {label} |" in table
+    main_table = table.split("\n\n")[0]
     rows_per_workload = len(DEFAULT_METHODS["greedy"]) + len(DEFAULT_METHODS["sampled"])
-    assert table.count("\n| short |") == rows_per_workload == table.count("\n| long |")
+    assert main_table.count("\n| short |") == rows_per_workload == main_table.count("\n| long |")
+    assert "| vs best plain |" in main_table and "| decode vs best plain |" in main_table
+    # The per-position acceptance table: one row per drafter method, workload and mode.
+    acceptance = table.split("Per-position acceptance")[1]
+    drafter_rows = sum(len([m for m in DEFAULT_METHODS[mode] if m in DRAFTER_METHODS]) for mode in DEFAULT_METHODS)
+    assert acceptance.count("\n| short |") == drafter_rows == acceptance.count("\n| long |")
 
 
 # --- drafting cost ------------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 import argparse
 import json
+from itertools import pairwise
 
 import pytest
 import torch
@@ -10,6 +11,8 @@ from transformers import Qwen3ForCausalLM
 from conftest import make_target
 from transformers_longspark import cli
 from transformers_longspark.benchmarks import (
+    DEFAULT_LOOKUP_MIN_MATCH,
+    DEFAULT_LOOKUP_NUM_TOKENS,
     SYNTHETIC_TARGETS,
     Timings,
     add_bench_arguments,
@@ -27,6 +30,8 @@ from transformers_longspark.benchmarks import (
     run_verify_cost,
     synthetic_cache,
 )
+from transformers_longspark.benchmarks.drafting_cost import _generators
+from transformers_longspark.benchmarks.lookup_cost import LOOKUP_ROW_FIELDS, lookup_history
 from transformers_longspark.verification import ReservedDynamicLayer
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -164,6 +169,78 @@ def test_drafting_cost_plot_with_synthetic_lengths(synthetic_cost, tmp_path):
     assert plot_drafting_cost(result, tmp_path / "cost.png").read_bytes()[:8] == PNG
 
 
+@pytest.fixture(scope="module")
+def lookup_cost():
+    target = build_synthetic_target("tiny")
+    drafter = build_random_drafter(target, window_size=8, num_summary_queries=4, block_size=4)
+    result = run_drafting_cost(
+        target, drafter, (16, 64), rounds=3, warmup=1, synthetic_prefix_lengths=(256, 1024), lookup_min_match=3,
+        lookup_num_tokens=6, lookup_new_tokens=3,
+    )
+    return drafter, result
+
+
+def test_drafting_cost_with_lookup_reports_rounds_and_index_bytes_per_length(lookup_cost):
+    drafter, result = lookup_cost
+    assert result["prefix_lengths"] == [16, 64, 256, 1024] and result["synthetic"] == [False, False, True, True]
+    for field in LOOKUP_ROW_FIELDS:
+        assert len(result[field]) == 4, field
+        assert [row[field] for row in result["rows"]] == result[field]
+    assert all(ms > 0 for ms in result["longspark_lookup_ms"] + result["lookup_prefill_index_ms"])
+    index_bytes = result["lookup_index_bytes"]
+    assert all(a < b for a, b in pairwise(index_bytes))  # one entry per indexed n-gram: grows with t
+    assert all(0 <= hits <= 3 + 1 for hits in result["lookup_hit_rounds"])
+    lookup_ms, longspark_ms = result["longspark_lookup_ms"], result["longspark_ms"]
+    assert result["lookup_overhead_ms"] == [a - b for a, b in zip(lookup_ms, longspark_ms)]
+    ratio = result["round_cost_ratio"]
+    assert ratio["lengths"] == [16, 1024]
+    for name in ("longspark", "longspark_lookup", "full_prefix"):
+        assert ratio[name] == result[f"{name}_ms_vs_shortest"][-1] == result[f"{name}_ms"][-1] / result[f"{name}_ms"][0]
+    assert result["lookup"]["lookup_min_match"] == 3 and result["lookup"]["new_tokens_per_round"] == 3
+    assert "lookup_min_match" not in vars(drafter.generation_config)  # restored
+    json.dumps(result)
+
+
+def test_drafting_cost_with_lookup_table_and_plot(lookup_cost, tmp_path):
+    _, result = lookup_cost
+    table = format_drafting_cost(result)
+    assert "| LongSpark + lookup ms/round | lookup index / request | lookup hits |" in table
+    assert "Round cost 1K / 16" in table and "LongSpark + lookup" in table.split("Round cost")[1]
+    assert table.count("\n| ") == 4  # one row per length
+    assert plot_drafting_cost(result, tmp_path / "cost.png").read_bytes()[:8] == PNG
+
+
+def test_drafting_cost_without_lookup_has_no_lookup_fields(synthetic_cost):
+    _, result = synthetic_cost
+    assert not any(field in result for field in ("longspark_lookup_ms", "lookup_index_bytes")) and not result["lookup"]
+    assert set(result["round_cost_ratio"]) == {"lengths", "longspark", "full_prefix"}
+    assert "lookup" not in format_drafting_cost(result)
+
+
+def test_lookup_history_is_seeded_and_repeats_stretches():
+    history = lookup_history(4096, 50000, seed=3)
+    assert len(history) == 4096 and history == lookup_history(4096, 50000, seed=3) != lookup_history(4096, 50000, 4)
+    assert all(0 <= token < 50000 for token in history)
+    eights = [tuple(history[i : i + 8]) for i in range(len(history) - 7)]
+    assert len(set(eights)) < 0.9 * len(eights)  # copied stretches: many 8-grams recur (random ones never would)
+
+
+def test_drafting_cost_generators_draft_whole_blocks_whatever_the_drafter_thresholds():
+    target = build_synthetic_target("tiny")
+    drafter = build_random_drafter(target, window_size=8, num_summary_queries=4, block_size=4)
+    drafter.generation_config.assistant_confidence_threshold = 0.99  # a random drafter is never that confident
+    input_ids = torch.randint(0, 512, (1, 33))
+    full_prefix = build_random_drafter(target, window_size=8, num_summary_queries=4, block_size=4)
+    gens = _generators(target, {"longspark": drafter, "full_prefix": full_prefix}, input_ids)
+    cache = prefill(target, input_ids[:, :32])
+    gen = gens["longspark"]
+    candidates, logits = gen.propose(input_ids, gen.update_context(cache, 32, 0), 4)
+    assert candidates.shape[1] == 33 + 4 and logits.shape[1] == 4
+    assert gen.lookup is None and gens["full_prefix"].lookup is None
+    for gen in gens.values():
+        gen.close()
+
+
 def test_drafting_cost_on_a_bfloat16_synthetic_target():
     target = build_synthetic_target("tiny", dtype=torch.bfloat16)
     drafter = build_random_drafter(target, window_size=8, num_summary_queries=4, block_size=4)
@@ -190,6 +267,13 @@ def test_cost_subcommands_parse():
     assert args.synthetic_prefix_lengths == [32768, 65536, 131072] and args.prefix is None
     args = parser.parse_args(["bench", "drafting-cost", "--synthetic-prefix-lengths", "--synthetic-target", "tiny"])
     assert args.synthetic_prefix_lengths == [] and args.synthetic_target == "tiny"
+    assert not args.with_lookup and args.lookup_new_tokens is None
+    assert (args.lookup_min_match, args.lookup_num_tokens) == (DEFAULT_LOOKUP_MIN_MATCH, DEFAULT_LOOKUP_NUM_TOKENS)
+    lookup = ["--with-lookup", "--lookup-min-match", "4", "--lookup-num-tokens", "12", "--lookup-new-tokens", "3"]
+    args = parser.parse_args(["bench", "drafting-cost", *lookup])
+    assert args.with_lookup and (args.lookup_min_match, args.lookup_num_tokens, args.lookup_new_tokens) == (4, 12, 3)
+    args = parser.parse_args(["bench", "--lookup-min-match", "2", "--methods", "plain_fast", "longspark_lookup"])
+    assert args.lookup_min_match == 2 and args.methods == ["plain_fast", "longspark_lookup"]
     with pytest.raises(SystemExit):
         parser.parse_args(["bench", "verify-cost", "--synthetic-target", "gpt-5"])
 
@@ -204,9 +288,10 @@ def test_cost_commands_end_to_end_on_the_tiny_synthetic_target(tmp_path, capsys)
     assert (tmp_path / "v.png").read_bytes()[:8] == PNG and "| 32 |" in (tmp_path / "v.md").read_text()
     cli.main(["bench", "drafting-cost", *common, "--prefix-lengths", "16", "--synthetic-prefix-lengths", "64",
               "--rounds", "1", "--warmup", "0", "--json", str(tmp_path / "d.json"),
-              "--plot", str(tmp_path / "d.png")])  # fmt: skip
+              "--plot", str(tmp_path / "d.png"), "--with-lookup", "--lookup-num-tokens", "6"])  # fmt: skip
     cost = json.loads((tmp_path / "d.json").read_text())
     assert cost["synthetic"] == [False, True] and cost["prefix_source"] == "random"  # no tokenizer: random ids
+    assert cost["lookup"]["lookup_num_tokens"] == 6 and len(cost["lookup_index_bytes"]) == 2
     assert cost["drafter"]["trained"] is False and (tmp_path / "d.png").is_file()
     assert "(synthetic)" in capsys.readouterr().out
 

@@ -291,3 +291,43 @@ def test_confidence_threshold_is_saved_with_the_drafter(tmp_path):
     drafter.generation_config.assistant_confidence_threshold = 0.25
     drafter.save_pretrained(tmp_path)
     assert LongSparkDrafterModel.from_pretrained(tmp_path).generation_config.assistant_confidence_threshold == 0.25
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_processors_see_each_drafted_token_while_a_block_is_drafted(batch_size, monkeypatch):
+    """While a block is drafted, the logits processors' i-th call sees the sequence followed by the block's first i
+    drafts, as plain `generate` would show them that prefix. (A stale prefix keeps outputs exact and costs tau only:
+    no exactness test sees it.)"""
+    from transformers.generation.logits_process import LogitsProcessor, LogitsProcessorList
+
+    from transformers_longspark import drafting
+
+    class Recorder(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            calls.append(input_ids.clone())
+            return scores
+
+    calls, rounds = [], []
+    original = drafting.draft_tokens
+
+    def spy(drafter, context, sequences, rows, lengths, *args, **kwargs):
+        start = len(calls)
+        tokens, logits, num_drafted = original(drafter, context, sequences, rows, lengths, *args, **kwargs)
+        rounds.append((rows.clone(), lengths.clone(), tokens.clone(), calls[start:]))
+        return tokens, logits, num_drafted
+
+    monkeypatch.setattr(drafting, "draft_tokens", spy)
+    target = make_bigram_target("llama", vocab_size=64, seed=2)
+    drafter = make_drafter(target, window_size=WINDOW, block_size=BLOCK)
+    drafter.generation_config.assistant_confidence_threshold = 0.0
+    prompts = torch.tensor([[5, 9, 28], [7, 1, 40], [3, 3, 12]])[:batch_size]
+    options = dict(max_new_tokens=12, logits_processor=LogitsProcessorList([Recorder()]), pad_token_id=0)
+    target.generate(prompts, attention_mask=torch.ones_like(prompts), assistant_model=drafter, **options)
+    assert rounds
+    for rows, lengths, tokens, seen in rounds:
+        if len(lengths.unique()) > 1:  # rows of different lengths get a call per length (test_batched covers them)
+            continue
+        assert len(seen) == tokens.shape[1]  # one call per drafted position
+        for i, input_ids in enumerate(seen):
+            assert input_ids.shape[1] == int(lengths[0]) + i
+            assert torch.equal(input_ids[rows, int(lengths[0]) :], tokens[:, :i])

@@ -55,3 +55,42 @@ def test_point_mass_logits():
 def test_bad_ngram_range_is_refused():
     with pytest.raises(ValueError, match="min_ngram <= max_ngram"):
         SuffixIndex(3, 2)
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_generate_proposes_the_continuation_of_the_current_suffix(batch_size, monkeypatch):
+    """Every lookup proposal in `generate` is the brute-force continuation of the request's tokens so far (prompt
+    and generated, left padding excluded): the index is extended with exactly the committed tokens, anchor included."""
+    from conftest import make_drafter, make_target
+    from transformers_longspark import batched, drafting, generation
+
+    checked = []
+    original = drafting.propose_blocks
+
+    def spy(drafter, context, sequences, rows, lengths, room, lookups, draft_kwargs):
+        before = [sequences[row, lookup.offset : int(length)].tolist() for row, lookup, length in
+                  zip(rows.tolist(), lookups, lengths)]  # fmt: skip
+        tokens, logits, num_drafted, from_lookup = original(drafter, context, sequences, rows, lengths, room, lookups,
+                                                            draft_kwargs)  # fmt: skip
+        for r in from_lookup.nonzero()[:, 0].tolist():
+            n, start = brute_force_match(before[r], 2, drafting.LOOKUP_MAX_NGRAM)
+            expected = (before[r] + [0] * 16)[start : start + int(num_drafted[r])]
+            proposed = tokens[r, : int(num_drafted[r])].tolist()
+            assert n >= 2 and proposed[: len(before[r]) - start] == expected[: len(before[r]) - start]
+            checked.append(r)
+        return tokens, logits, num_drafted, from_lookup
+
+    monkeypatch.setattr(generation, "propose_blocks", spy)
+    monkeypatch.setattr(batched, "propose_blocks", spy)
+    target = make_target("qwen3")
+    drafter = make_drafter(target)
+    drafter.generation_config.lookup_min_match = 2
+    prompts = torch.tensor([[0, 0, 1, 2, 3, 4, 1, 2, 3], [5, 6, 7, 5, 6, 7, 5, 6, 7], [9, 9, 9, 9, 8, 9, 9, 9, 9]])
+    mask = torch.ones_like(prompts)
+    mask[0, :2] = 0
+    if batch_size == 1:
+        target.generate(prompts[1:2], max_new_tokens=20, do_sample=False, assistant_model=drafter)
+    else:
+        target.generate(prompts, attention_mask=mask, pad_token_id=0, max_new_tokens=20, do_sample=False,
+                        assistant_model=drafter)  # fmt: skip
+    assert checked

@@ -11,6 +11,7 @@ from transformers_longspark.distillation import (
     Sequence,
     draft_loss,
     load_sequences,
+    sample_anchors,
     sequence_loss,
     teacher_forced_batch,
 )
@@ -230,3 +231,48 @@ def test_summary_queries_start_from_n_0_1_over_d_and_the_markov_correction_start
     queries = drafter.summary_queries.detach()
     assert abs(queries.std().item() - drafter.config.head_dim**-0.5) < 0.05 and abs(queries.mean().item()) < 0.05
     assert drafter.markov_proj.weight.abs().sum() == 0
+
+
+def test_every_trainable_parameter_gets_a_gradient_in_one_distillation_step(tmp_path):
+    """A parameter cut off from the loss (a stray `detach`, an unused module) trains nothing and no loss curve shows
+    it; one step's gradients must be nonzero for every trainable tensor (the Markov projection starts at zero, so
+    its input embedding's gradient is checked after one update)."""
+    target = make_bigram_target("llama", vocab_size=64, temperature=0.05)
+    trainer = Trainer(tiny_config(tmp_path), target=target)
+    torch.manual_seed(0)
+    sequence = Sequence(target.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=30, do_sample=True)[0], 3)
+    anchors = sample_anchors(sequence, 64, torch.Generator().manual_seed(0))
+    for _ in range(2):
+        trainer.optimizer.zero_grad()
+        sequence_loss(target, trainer.drafter, sequence, anchors, trainer.config).backward()
+        trainer.optimizer.step()
+    no_gradient = [name for name, p in trainer.drafter.named_parameters()
+                   if p.requires_grad and (p.grad is None or not p.grad.abs().sum() > 0)]  # fmt: skip
+    assert not no_gradient
+
+
+def test_sequence_loss_uses_the_configs_loss_weights(tmp_path):
+    """`ce_weight` and `position_decay` reach `draft_loss` as configured (distinct values: a swap shows)."""
+    target = make_bigram_target("llama", vocab_size=64, temperature=0.05)
+    config = tiny_config(tmp_path)
+    config.ce_weight, config.position_decay = 0.3, 2.0
+    trainer = Trainer(config, target=target)
+    sequence = Sequence(torch.tensor([1, 2, 3, 9, 4, 7, 7, 1, 30, 2, 5, 6]), 3)
+    anchors = torch.arange(3, 11)
+    with torch.no_grad():
+        loss = sequence_loss(target, trainer.drafter, sequence, anchors, config)
+        batch = teacher_forced_batch(target, trainer.drafter, sequence, anchors)
+        logits = trainer.drafter(batch.block_ids, batch.context, batch.previous_ids).logits
+        expected = draft_loss(logits, batch.target_probs, batch.labels, batch.valid, ce_weight=0.3, position_decay=2.0)
+    torch.testing.assert_close(loss, expected)
+
+
+def test_sample_anchors_draws_distinct_sorted_anchors_over_the_whole_range():
+    sequence = Sequence(torch.arange(40), prompt_length=10)
+    everything = sample_anchors(sequence, 100, torch.Generator().manual_seed(0))
+    assert everything.tolist() == list(range(10, 39))  # t <= T - 2: every anchor has a label
+    drawn = [sample_anchors(sequence, 8, torch.Generator().manual_seed(seed)) for seed in range(50)]
+    for anchors in drawn:
+        assert len(anchors) == 8 and anchors.unique().tolist() == anchors.tolist()  # distinct and sorted
+        assert int(anchors.min()) >= 10 and int(anchors.max()) <= 38
+    assert {int(t) for anchors in drawn for t in anchors} == set(range(10, 39))  # every anchor can be drawn

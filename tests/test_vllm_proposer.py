@@ -4,12 +4,13 @@ The fake holds what the proposer reads of vLLM 0.32's V1 runner: the batch (`inp
 computed tokens, the block table of one KV-cache group), `query_start_loc`, the paged KV cache (written with the
 reference packer of `test_vllm.py`, rejected drafts' rows left in it as noise) and the step's hidden states. The
 drafts it returns for each request must equal the transformers path's for that request alone: the same target rows
-in a `DynamicCache`, the same boundary states, `read_draft_context` + `draft_tokens` with a state kept per request.
-What it cannot serve is refused by name.
+in a `DynamicCache`, the same boundary states, `read_draft_context` + `propose_blocks` with a state (and, with lookup
+on, a lookup index) kept per request. What it cannot serve is refused by name.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -21,9 +22,10 @@ from test_vllm import pack_blocks
 
 from conftest import make_drafter, make_target
 from transformers_longspark.context_state import LongSparkContextState
-from transformers_longspark.drafting import draft_tokens, drafting_thresholds, read_draft_context
+from transformers_longspark.drafting import drafting_thresholds, new_lookup, propose_blocks, read_draft_context
+from transformers_longspark.lookup import SuffixIndex
 from transformers_longspark.targets import HiddenStateCapture
-from transformers_longspark.vllm import DRAFTER_ENV, LongSparkProposer
+from transformers_longspark.vllm import DRAFT_LOG_ENV, DRAFTER_ENV, LongSparkProposer
 from transformers_longspark.vllm.proposer import eos_token_ids, step_row
 
 BLOCK = 16  # rows per paged-cache block
@@ -56,12 +58,22 @@ class FakeRunner:
 
 @dataclass
 class Request:
-    """One request: its true tokens, its physical cache blocks, and the transformers path's state (the reference)."""
+    """One request: its true tokens, its physical cache blocks, and the transformers path's state and lookup index
+    (the reference)."""
 
     request_id: str
     tokens: list[int]
     block_ids: list[int]
     state: LongSparkContextState | None = field(default=None, repr=False)
+    lookup: SuffixIndex | None = field(default=None, repr=False)
+
+
+@dataclass
+class Reference:
+    """The transformers path's proposal for one request and round, and whether it is the lookup continuation."""
+
+    drafts: list[int]
+    from_lookup: bool
 
 
 @dataclass
@@ -89,19 +101,31 @@ def run_target(target, layer_ids: list[int], tokens: list[int]):
     return cache, [state[0] for state in capture.states]
 
 
-def transformers_drafts(drafter, request: Request, cache, hidden: list[torch.Tensor], num_rows: int) -> list[int]:
-    """The transformers path's round for one request alone: its state absorbs the cache, boundary at the last row."""
+def transformers_drafts(drafter, request: Request, cache, hidden: list[torch.Tensor], num_rows: int) -> Reference:
+    """The transformers path's round for one request alone, as `generation.py` runs it: its state absorbs the cache
+    (boundary at the last row), its lookup index reads the request's tokens up to the anchor from the sequence."""
     config = drafter.config
     if request.state is None:
         request.state = LongSparkContextState(config.num_draft_layers, config.summary_chunk_size)
+        request.lookup = new_lookup(drafter)
     request.state.boundary_states = torch.cat([h[num_rows - 1] for h in hidden])[None]
     context = read_draft_context(drafter, request.state, cache, num_rows)
-    sequences = torch.tensor([[request.tokens[num_rows]] + [0] * NUM_SPECULATIVE])
-    row, one = torch.zeros(1, dtype=torch.long), torch.ones(1, dtype=torch.long)
+    sequences = torch.tensor([request.tokens[: num_rows + 1] + [0] * NUM_SPECULATIVE])
+    row = torch.zeros(1, dtype=torch.long)
     token_threshold, block_threshold = drafting_thresholds(drafter)
-    tokens, _, num_drafted = draft_tokens(drafter, context, sequences, row, one, one * NUM_SPECULATIVE, None, False,
-                                          token_threshold, None, block_threshold)  # fmt: skip
-    return tokens[0, : int(num_drafted[0])].tolist()
+    draft_kwargs = dict(
+        logits_processor=None,
+        do_sample=False,
+        confidence_threshold=token_threshold,
+        eos_token_ids=None,
+        block_confidence_threshold=block_threshold,
+    )
+    lookups = None if request.lookup is None else [request.lookup]
+    lengths, room = row + num_rows + 1, row + NUM_SPECULATIVE
+    tokens, _, num_drafted, from_lookup = propose_blocks(
+        drafter, context, sequences, row, lengths, room, lookups, draft_kwargs
+    )
+    return Reference(tokens[0, : int(num_drafted[0])].tolist(), bool(from_lookup[0]))
 
 
 def fake_block_table(scheduled: list[Scheduled]) -> SimpleNamespace:
@@ -151,16 +175,21 @@ def write_step(proposer, runner, target, drafter, scheduled: list[Scheduled]):
     return (sampled, num_tokens_no_spec, token_ids), references
 
 
-@pytest.fixture
-def served(tmp_path, monkeypatch):
-    """A tiny target, a drafter saved where `LONGSPARK_DRAFTER` points, and a proposer bound to a fake runner."""
+def make_served(tmp_path, monkeypatch, **generation_config) -> SimpleNamespace:
+    """A tiny target, a drafter saved where `LONGSPARK_DRAFTER` points (with `generation_config` set), a proposer
+    bound to a fake runner that logs its rounds (`DRAFT_LOG_ENV`), and six requests: `a` to `d` random, `e` random
+    then repeating its tokens 10-23 (period 14), `f` periodic from the start (period 6)."""
     target = make_target("qwen3")
     drafter = make_drafter(target)
     drafter.generation_config.assistant_confidence_threshold = 0.0  # whole blocks: more tokens to compare
+    for name, value in generation_config.items():
+        setattr(drafter.generation_config, name, value)
     with torch.no_grad():  # a trained drafter's Markov correction is not zero: the anchor then shapes the drafts
         drafter.markov_proj.weight.normal_(std=1.0, generator=torch.Generator().manual_seed(5))
-    drafter.save_pretrained(tmp_path)
-    monkeypatch.setenv(DRAFTER_ENV, str(tmp_path))
+    folder = tmp_path / "drafter"
+    drafter.save_pretrained(folder)
+    monkeypatch.setenv(DRAFTER_ENV, str(folder))
+    monkeypatch.setenv(DRAFT_LOG_ENV, str(tmp_path / "drafts.jsonl"))
     drafter.bind_target(target)
     proposer = LongSparkProposer(fake_vllm_config(target.config))
     config = target.config
@@ -171,12 +200,36 @@ def served(tmp_path, monkeypatch):
     runner = FakeRunner(proposer, target)
     runner.load_model()
     blocks = torch.randperm(NUM_BLOCKS, generator=torch.Generator().manual_seed(3)).tolist()
-    requests = {
-        name: Request(f"req-{name}", torch.randint(config.vocab_size, (MAX_LEN,), generator=torch.Generator()
-                      .manual_seed(10 + n)).tolist(), blocks[4 * n : 4 * n + 4])
-        for n, name in enumerate("abcd")
-    }  # fmt: skip
-    return SimpleNamespace(target=target, drafter=drafter, proposer=proposer, runner=runner, requests=requests)
+    tokens = [torch.randint(config.vocab_size, (MAX_LEN,), generator=torch.Generator().manual_seed(10 + n)).tolist()
+              for n in range(6)]  # fmt: skip
+    tokens[4] = tokens[4][:24] + [tokens[4][10 + k % 14] for k in range(MAX_LEN - 24)]
+    tokens[5] = [tokens[5][k % 6] for k in range(MAX_LEN)]
+    requests = {name: Request(f"req-{name}", tokens[n], blocks[4 * n : 4 * n + 4]) for n, name in enumerate("abcdef")}
+    return SimpleNamespace(target=target, drafter=drafter, proposer=proposer, runner=runner, requests=requests,
+                           log=tmp_path / "drafts.jsonl")  # fmt: skip
+
+
+@pytest.fixture
+def served(tmp_path, monkeypatch):
+    return make_served(tmp_path, monkeypatch)
+
+
+def run_steps(served, steps: list[list[Scheduled]]) -> list[Reference]:
+    """Runs the steps through the proposer; each request's proposal must equal the transformers path's (whole
+    blocks of distinct drafts), and the proposer keeps the state (and lookup index) of exactly the requests that
+    sampled. Returns the references of all rounds, in order."""
+    rounds = []
+    for scheduled in steps:
+        arguments, references = write_step(served.proposer, served.runner, served.target, served.drafter, scheduled)
+        drafts = served.proposer.propose(*arguments)
+        assert drafts == [[] if r is None else r.drafts for r in references]
+        drafted = [tuple(r.drafts) for r in references if r is not None]
+        assert all(len(r) == NUM_SPECULATIVE for r in drafted) and len(set(drafted)) == len(drafted)
+        sampled = {s.request.request_id for s in scheduled if s.num_rows is not None}
+        assert set(served.proposer.states) == sampled
+        assert set(served.proposer.lookups) == (sampled if served.proposer.lookup_on else set())
+        rounds += [r for r in references if r is not None]
+    return rounds
 
 
 def test_drafts_equal_the_transformers_path_per_request(served):
@@ -184,18 +237,34 @@ def test_drafts_equal_the_transformers_path_per_request(served):
     chunk, decodes with rejected drafts in the cache, a request that left. Mixed-up requests, rows or boundary
     states (the requests' prompts and so their drafts differ) would change some request's drafts."""
     a, b, c, d = (served.requests[name] for name in "abcd")
-    steps = [
+    rounds = run_steps(served, [
         [Scheduled(c, 0, 16, None), Scheduled(a, 20, 5, 23), Scheduled(d, 30, 5, 35), Scheduled(b, 16, 21, 37)],
         [Scheduled(b, 37, 5, 38), Scheduled(c, 16, 10, 26), Scheduled(a, 23, 5, 28)],  # d left; a's state is kept
-    ]
-    for scheduled in steps:
-        arguments, references = write_step(served.proposer, served.runner, served.target, served.drafter, scheduled)
-        drafts = served.proposer.propose(*arguments)
-        assert drafts == [[] if r is None else r for r in references]
-        drafted = [tuple(r) for r in references if r is not None]
-        assert all(len(r) == NUM_SPECULATIVE for r in drafted) and len(set(drafted)) == len(drafted)
-        assert set(served.proposer.states) == {s.request.request_id for s in scheduled if s.num_rows is not None}
+    ])  # fmt: skip
     assert served.proposer.stats.states_built == 4  # a, d, b in step 1, c in step 2; a and b were kept
+    assert not any(r.from_lookup for r in rounds) and served.proposer.stats.lookup_rounds == 0
+
+
+def test_lookup_and_drafted_proposals_equal_the_transformers_path(tmp_path, monkeypatch):
+    """With lookup on (`lookup_min_match=2`, continuations of up to 6 tokens, cut to the 4 vLLM verifies): requests
+    whose suffix occurred before take the lookup continuation, the others a drafted block, both in one step; a
+    request switches from drafting to lookup once its text repeats; one leaves and comes back (state and index
+    rebuilt from its whole history). Each request's proposal and its source equal the transformers path's, and the
+    draft log names the source of each round."""
+    served = make_served(tmp_path, monkeypatch, lookup_min_match=2, lookup_num_tokens=6)
+    a, b, e, f = (served.requests[name] for name in "abef")
+    rounds = run_steps(served, [
+        [Scheduled(e, 0, 22, 22), Scheduled(a, 20, 5, 23), Scheduled(f, 0, 20, 20)],  # e drafts (random so far)
+        [Scheduled(a, 23, 5, 26), Scheduled(e, 22, 5, 27), Scheduled(b, 0, 30, 30)],  # e repeats; f leaves
+        [Scheduled(f, 0, 33, 33), Scheduled(e, 27, 5, 31), Scheduled(a, 26, 5, 27)],  # f back: rebuilt
+    ])  # fmt: skip
+    sources = [r.from_lookup for r in rounds]
+    assert sources == [False, False, True, False, True, False, True, True, False]
+    assert served.proposer.stats.lookup_rounds == 4 and served.proposer.stats.states_built == 5
+    log = [json.loads(line) for line in served.log.read_text().splitlines()]
+    assert [entry["source"] == "lookup" for entry in log] == sources
+    assert [entry["request_id"] for entry in log if entry["state_built"]] == ["req-e", "req-a", "req-f", "req-b",
+                                                                               "req-f"]  # fmt: skip
 
 
 def test_boundary_row_outside_the_request_slice_is_refused(served):

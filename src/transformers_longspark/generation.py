@@ -1,9 +1,10 @@
 """`target.generate(..., assistant_model=drafter)` with a LongSpark drafter.
 
 Routing: transformers picks a candidate generator in `GenerationMixin._get_candidate_generator`, which has no
-registry for third-party drafters. `import transformers_longspark` wraps that method (and the assistant checks
-of `_validate_generation_mode`) once: when `assistant_model` is a `LongSparkDrafterModel` the wrapper returns a
-`LongSparkCandidateGenerator`, and for every other assistant and mode it calls the original unchanged. Assisted
+registry for third-party drafters. `transformers_longspark.register()` (run when a drafter is built, or a name of the
+package is first used) wraps that method (and the assistant checks of `_validate_generation_mode`) once: when
+`assistant_model` is a `LongSparkDrafterModel` the wrapper returns a `LongSparkCandidateGenerator`, and for every
+other assistant and mode it calls the original unchanged. Assisted
 decoding itself (verification, acceptance, cache cropping, streamers, outputs) is transformers' own loop for one
 sequence; `_assisted_decoding` is wrapped to run it inside `verification.fast_verification`, and to run a batch of
 sequences in `batched.py` instead (transformers' loop is batch-1). Settings neither loop serves (beam search, several

@@ -2,14 +2,16 @@
 
 Each is a Python function and a `longspark bench` subcommand:
 
-* `run_speed_benchmark` (`longspark bench` / `longspark bench speed`): plain greedy and sampled `generate`, prompt
-  lookup (stock and on the fast verification path), LongSpark (fast and stock verification) and the full-prefix
-  baseline drafter on the same prompts in one process, interleaved per prompt so that machine noise hits every
-  method alike. Reports tau, tokens/s, speedup over plain `generate` of the same mode, time per output token,
-  drafting and verification time per round and greedy losslessness.
+* `run_speed_benchmark` (`longspark bench` / `longspark bench speed`): plain greedy and sampled `generate` (stock,
+  on the fast verification path and with a static cache), prompt lookup (stock and on the fast verification path),
+  LongSpark (as shipped, lookup source off and on, fast and stock verification) and the full-prefix baseline drafter
+  on the same prompts in one process, interleaved per prompt so that machine noise hits every method alike. Reports
+  tau, tokens/s, speedup over plain `generate` of the same mode and over the fastest plain path, time per output
+  token, drafting and verification time per round, lookup rounds, per-position acceptance and greedy losslessness.
 * `run_drafting_cost` (`longspark bench drafting-cost`): per-round drafting time and persistent drafter context-state
   bytes vs prefix length, LongSpark (fixed) vs the full-prefix baseline (grows), on real-target prefixes and on
-  synthetic caches up to 128K.
+  synthetic caches up to 128K; with `--lookup`, also the round with the lookup source's index update and query, and
+  the index bytes per request.
 * `run_verify_cost` (`longspark bench verify-cost`): one cached target forward of `k` tokens vs prefix length,
   transformers' stock path vs `verification.fast_verification`.
 * `run_batched_benchmark` (`longspark bench --batch-sizes 1 2 4 8`): plain batched `generate` vs LongSpark batched
@@ -36,6 +38,7 @@ _LAZY_NAMES = {
     "run_batched_benchmark": "batched",
     "Timings": "common",
     "count_forward_calls": "common",
+    "generation_config_fields": "common",
     "machine_info": "common",
     "measure": "common",
     "prefill": "common",
@@ -69,14 +72,21 @@ _LAZY_NAMES = {
     "plot_drafting_cost": "report",
     "plot_verify_cost": "report",
     "DEFAULT_METHODS": "speed",
-    "METHOD_LABELS": "speed",
+    "DRAFTER_METHODS": "speed",
+    "drafter_method_settings": "speed",
+    "run_speed_benchmark": "speed",
     "METHODS": "defaults",
     "MODES": "defaults",
-    "accepted_length": "speed",
-    "add_speedups": "speed",
-    "new_tokens_from_round_log": "speed",
-    "run_speed_benchmark": "speed",
-    "summarize_runs": "speed",
+    "PLAIN_METHODS": "defaults",
+    "DEFAULT_LOOKUP_MIN_MATCH": "defaults",
+    "DEFAULT_LOOKUP_NUM_TOKENS": "defaults",
+    "METHOD_LABELS": "speed_summary",
+    "accepted_length": "speed_summary",
+    "add_speedups": "speed_summary",
+    "best_plain_method": "speed_summary",
+    "merge_histograms": "speed_summary",
+    "new_tokens_from_round_log": "speed_summary",
+    "summarize_runs": "speed_summary",
     "DEFAULT_NUM_TOKENS": "defaults",
     "DEFAULT_VERIFY_PREFIX_LENGTHS": "defaults",
     "reserved_copy": "verify_cost",
@@ -99,15 +109,19 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "DEFAULT_LONG_LENGTHS",
+    "DEFAULT_LOOKUP_MIN_MATCH",
+    "DEFAULT_LOOKUP_NUM_TOKENS",
     "DEFAULT_METHODS",
     "DEFAULT_NUM_TOKENS",
     "DEFAULT_PREFIX_LENGTHS",
     "DEFAULT_SYNTHETIC_PREFIX_LENGTHS",
     "DEFAULT_VERIFY_PREFIX_LENGTHS",
+    "DRAFTER_METHODS",
     "HELD_OUT_DIR",
     "METHODS",
     "METHOD_LABELS",
     "MODES",
+    "PLAIN_METHODS",
     "SHORT_SOURCES",
     "SYNTHETIC_TARGETS",
     "SelectedLayersCache",
@@ -115,22 +129,26 @@ __all__ = [
     "accepted_length",
     "add_speedups",
     "add_bench_arguments",
+    "best_plain_method",
     "build_random_drafter",
     "build_synthetic_target",
     "chat_prompt_ids",
     "count_forward_calls",
+    "drafter_method_settings",
     "format_batched",
     "format_drafting_cost",
     "format_markdown",
     "format_memory",
     "format_verify_cost",
     "full_prefix_state_bytes",
+    "generation_config_fields",
     "left_pad_batch",
     "long_context_prompts",
     "machine_info",
     "main",
     "make_full_prefix_drafter",
     "measure",
+    "merge_histograms",
     "new_token_counts",
     "new_tokens_from_round_log",
     "plot_drafting_cost",

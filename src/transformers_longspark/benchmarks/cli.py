@@ -1,4 +1,4 @@
-"""`longspark bench ...`: argument parsing and dispatch of the benchmark subcommands.
+"""`longspark bench ...`: dispatch of the benchmark subcommands (their arguments: `arguments.py`).
 
 Parsing imports nothing heavy (`longspark bench --help` answers without torch); the benchmark modules are imported
 into this module when a benchmark runs (`_import_runners`), after every path given has been checked.
@@ -11,21 +11,11 @@ import importlib
 import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..files import DRAFTER_FOLDER_FIX, TARGET_FOLDER_FIX, require_folder, require_path
-from .defaults import (
-    DEFAULT_LONG_LENGTHS,
-    DEFAULT_NUM_TOKENS,
-    DEFAULT_PREFIX_LENGTHS,
-    DEFAULT_SYNTHETIC_PREFIX_LENGTHS,
-    DEFAULT_VERIFY_PREFIX_LENGTHS,
-    HELD_OUT_DIR,
-    METHODS,
-    MODES,
-    SYNTHETIC_TARGETS,
-)
+from .arguments import DESCRIPTION, add_bench_arguments
+from .defaults import HELD_OUT_DIR
 
 if TYPE_CHECKING:  # imported at run time by `_import_runners`
     from .batched import format_batched, run_batched_benchmark
@@ -76,133 +66,6 @@ def _import_runners() -> None:
     for name in _RUNNER_MODULES:
         if name not in globals():
             __getattr__(name)
-
-
-DESCRIPTION = "Benchmarks: decoding speed side by side, drafting cost and verification cost vs prefix, peak memory."
-
-
-def _add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", help="local path of the target model (default: the SmolLM2-135M demo target)")
-    parser.add_argument(
-        "--drafter",
-        help="LongSpark drafter folder (default: the shipped SmolLM2 drafter if it fits the target, else a random one)",
-    )
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                        help="dtype of the target and drafter weights (default: float32)")  # fmt: skip
-    parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    parser.add_argument("--num-threads", type=int,
-                        help="torch CPU threads (default: torch's choice, one per core; on a busy machine fewer, "
-                        "e.g. 1, can be many times faster)")  # fmt: skip
-    parser.add_argument("--seed", type=int, default=0, help="seed of random prompts, drafters and sampling")
-    parser.add_argument("--json", type=Path, help="write the report as JSON to this file")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars on stderr")
-    parser.add_argument("--progress", action="store_true", help="show progress bars (the default; for old scripts)")
-
-
-def _add_cost_arguments(parser: argparse.ArgumentParser, prefix_lengths: Sequence[int], chunk: int) -> None:
-    _add_common_arguments(parser)
-    parser.add_argument(
-        "--synthetic-target", choices=list(SYNTHETIC_TARGETS),
-        help="a random-weight target of these shapes, built on --device in --dtype, instead of --target "
-        "(with a random drafter unless --drafter is given): costs depend on shapes alone",
-    )  # fmt: skip
-    parser.add_argument("--plot", type=Path, help="write the two-panel figure (PNG) to this file")
-    parser.add_argument("--markdown", type=Path, help="write the Markdown table to this file")
-    parser.add_argument("--prefix-lengths", type=int, nargs="+", default=list(prefix_lengths),
-                        help="prefix lengths in tokens")  # fmt: skip
-    parser.add_argument("--prefill-chunk", type=int, default=chunk, help="tokens per prefill forward")
-
-
-def _add_speed_arguments(parser: argparse.ArgumentParser) -> None:
-    _add_common_arguments(parser)
-    parser.add_argument("--markdown", type=Path, help="write the Markdown table to this file")
-    parser.add_argument("--workloads", nargs="+", default=["short", "long"], choices=["short", "long"],
-                        help="held-out chat/maths/code prompts (short) and stdlib code files (long)")  # fmt: skip
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES),
-                        help="greedy decoding and/or sampling at --temperature")  # fmt: skip
-    parser.add_argument(
-        "--methods", nargs="+", choices=list(METHODS),
-        help="methods for every mode; plain is always added (default: all in greedy mode, all but full_prefix in "
-        "sampled mode). longspark and full_prefix verify on the fast path with the drafter's confidence threshold; "
-        "longspark_whole_blocks drafts whole blocks (threshold 0); longspark_stock_verify drafts whole blocks on "
-        "transformers' stock path (the path before both); prompt_lookup_fast is prompt lookup on the fast path",
-    )  # fmt: skip
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per generate call")
-    parser.add_argument("--num-short-prompts", type=int, default=6, help="short prompts (cycled through the sources)")
-    parser.add_argument("--num-long-prompts", type=int, default=3, help="long-context prompts (held-out stdlib files)")
-    parser.add_argument(
-        "--long-lengths", type=int, nargs="+", default=list(DEFAULT_LONG_LENGTHS),
-        help="long-context prompt lengths in tokens, cycled over the prompts (capped to fit the target's positions)",
-    )  # fmt: skip
-    parser.add_argument("--held-out", type=Path,
-                        help=f"folder of held-out *.jsonl records for the short prompts (default: {HELD_OUT_DIR} if "
-                        "it exists, else prompts held out of the builtin sources)")  # fmt: skip
-    parser.add_argument("--temperature", type=float, default=1.0, help="temperature of the sampled mode")
-    parser.add_argument("--prompt-lookup-num-tokens", type=int, default=7, help="tokens prompt lookup proposes")
-    parser.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
-    parser.add_argument("--no-warmup", dest="warmup", action="store_false",
-                        help="skip the untimed warm-up run of every method")  # fmt: skip
-    parser.add_argument(
-        "--batch-sizes", type=int, nargs="+",
-        help="instead of the method comparison, time plain batched generate vs LongSpark batched at these batch "
-        "sizes (left-padded batches of the short and long prompts, cycled to fill them)",
-    )  # fmt: skip
-    parser.add_argument("--repeats", type=int, default=1, help="timed calls per method and batch (--batch-sizes)")
-
-
-def add_bench_arguments(subparsers_or_parser) -> argparse.ArgumentParser:
-    """Adds `bench`: a subparser named `bench` when given `parser.add_subparsers()`'s result, else the arguments
-    are added to the given parser. Returns the `bench` parser; dispatch with `run_bench`.
-
-    * `longspark bench [speed options]` or `longspark bench speed ...`: the speed comparison;
-    * `longspark bench --batch-sizes 1 2 4 8 [speed options]`: plain vs LongSpark batched `generate`;
-    * `longspark bench drafting-cost --json FILE --plot FILE.png`;
-    * `longspark bench verify-cost --json FILE --plot FILE.png`;
-    * `longspark bench memory --json FILE`.
-    """
-    if isinstance(subparsers_or_parser, argparse._SubParsersAction):
-        parser = subparsers_or_parser.add_parser(
-            "bench", help="benchmarks: speed (default), drafting-cost, verify-cost, memory", description=DESCRIPTION
-        )
-    else:
-        parser = subparsers_or_parser
-    _add_speed_arguments(parser)
-    commands = parser.add_subparsers(dest="bench_command", metavar="{speed,drafting-cost,verify-cost,memory}")
-    speed = commands.add_parser("speed", help="plain generate vs prompt lookup vs LongSpark vs full-prefix drafter")
-    _add_speed_arguments(speed)
-
-    cost = commands.add_parser("drafting-cost", help="drafting time per round and context-state bytes vs prefix")
-    _add_cost_arguments(cost, DEFAULT_PREFIX_LENGTHS, 1024)
-    cost.add_argument(
-        "--synthetic-prefix-lengths", type=int, nargs="*", default=list(DEFAULT_SYNTHETIC_PREFIX_LENGTHS),
-        help="also time these prefixes on a synthetic cache (random K/V in the selected layers only, any length); "
-        "pass the flag with no value to skip them",
-    )  # fmt: skip
-    cost.add_argument("--rounds", type=int, default=20, help="measured rounds per length (median)")
-    cost.add_argument("--warmup", type=int, default=3, help="untimed rounds per length first")
-    cost.add_argument(
-        "--prefix", choices=["code", "random"],
-        help="prefix tokens: Python stdlib code (needs the target's tokenizer; the default when there is one) or "
-        "seeded random ids",
-    )  # fmt: skip
-    cost.add_argument(
-        "--allow-extrapolation", action="store_true", help="also time prefixes beyond max_position_embeddings"
-    )
-
-    verify = commands.add_parser("verify-cost", help="cached target forward of k tokens vs prefix: stock vs fast")
-    _add_cost_arguments(verify, DEFAULT_VERIFY_PREFIX_LENGTHS, 2048)
-    verify.add_argument("--num-tokens", type=int, nargs="+", default=list(DEFAULT_NUM_TOKENS),
-                        help="tokens per verification forward")  # fmt: skip
-    verify.add_argument("--repeats", type=int, default=7, help="timed forwards per (prefix, k, path), median")
-    verify.add_argument("--warmup", type=int, default=2, help="untimed forwards per (prefix, k, path) first")
-
-    memory = commands.add_parser("memory", help="peak RSS of plain vs assisted generate (fresh process each)")
-    _add_common_arguments(memory)
-    memory.add_argument("--prompt-lengths", type=int, nargs="+", default=[1024, 8192],
-                        help="prompt lengths in tokens (seeded random ids), one plain and one assisted run each")
-    memory.add_argument("--max-new-tokens", type=int, default=16, help="new tokens per generate call")
-    memory.set_defaults(num_threads=1)
-    return parser
 
 
 def _load_target(args: argparse.Namespace):
@@ -258,6 +121,8 @@ def _run_drafting_cost(args: argparse.Namespace) -> dict[str, Any]:
         target, drafter, args.prefix_lengths, args.rounds, args.warmup, prefix_ids=prefix_ids, seed=args.seed,
         allow_extrapolation=args.allow_extrapolation, prefill_chunk=args.prefill_chunk,
         synthetic_prefix_lengths=args.synthetic_prefix_lengths, progress=not args.quiet,
+        lookup_min_match=args.lookup_min_match if args.with_lookup else 0, lookup_num_tokens=args.lookup_num_tokens,
+        lookup_new_tokens=args.lookup_new_tokens,
     )  # fmt: skip
     result["prefix_source"] = "stdlib-code" if prefix_ids is not None else "random"
     result["drafter"] = drafter_info
@@ -295,8 +160,8 @@ def _run_speed(args: argparse.Namespace) -> dict[str, Any]:
     result = run_speed_benchmark(
         target, tokenizer, drafter, prompts, args.max_new_tokens, modes=args.modes, methods=args.methods,
         temperature=args.temperature, prompt_lookup_num_tokens=args.prompt_lookup_num_tokens,
-        ignore_eos=args.ignore_eos, warmup=args.warmup, seed=args.seed, drafter_info=drafter_info,
-        progress=not args.quiet,
+        lookup_min_match=args.lookup_min_match, lookup_num_tokens=args.lookup_num_tokens, ignore_eos=args.ignore_eos,
+        warmup=args.warmup, seed=args.seed, drafter_info=drafter_info, progress=not args.quiet,
     )  # fmt: skip
     _write_outputs(args, result, format_markdown(result))
     return result

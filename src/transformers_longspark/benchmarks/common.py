@@ -132,6 +132,27 @@ def count_forward_calls(model: torch.nn.Module) -> Iterator[list[int]]:
         handle.remove()
 
 
+_ABSENT = object()
+
+
+@contextlib.contextmanager
+def generation_config_fields(model: torch.nn.Module, fields: Mapping[str, Any]) -> Iterator[None]:
+    """Sets `fields` on `model.generation_config` inside the block (e.g. a drafter's `lookup_min_match`), and restores
+    them afterwards, exceptions included: a field the config lacked is removed again."""
+    config = model.generation_config
+    previous = {name: vars(config).get(name, _ABSENT) for name in fields}
+    for name, value in fields.items():
+        setattr(config, name, value)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            if value is _ABSENT:
+                delattr(config, name)
+            else:
+                setattr(config, name, value)
+
+
 def prefill(target: torch.nn.Module, input_ids: torch.Tensor, chunk: int = 2048, cache: Cache | None = None) -> Cache:
     """Fills `cache` (default a fresh `DynamicCache`) with `input_ids` `(1, t)`, `chunk` tokens per target forward,
     which bounds the prefill's activation memory. Returns the cache."""
@@ -184,6 +205,6 @@ def format_length(tokens: int) -> str:
 
 
 __all__ = [
-    "Timings", "count_forward_calls", "format_length", "machine_info", "measure", "prefill", "synchronize",
-    "time_forward_calls", "timed_call", "write_json",
+    "Timings", "count_forward_calls", "format_length", "generation_config_fields", "machine_info", "measure",
+    "prefill", "synchronize", "time_forward_calls", "timed_call", "write_json",
 ]  # fmt: skip

@@ -8,10 +8,16 @@ from typing import Any
 
 # speed.py
 MODES = ("greedy", "sampled")
+# The plain paths: stock `generate`, the same on the fast verification path (reserved cache rows, grouped-head
+# attention) and with transformers' static cache. Every speedup is reported over `plain` and over the fastest of these.
+PLAIN_METHODS = ("plain", "plain_fast", "plain_static")
 METHODS = (
-    "plain", "prompt_lookup", "prompt_lookup_fast", "longspark", "longspark_whole_blocks", "longspark_stock_verify",
-    "full_prefix",
+    *PLAIN_METHODS, "prompt_lookup", "prompt_lookup_fast", "longspark", "longspark_no_lookup", "longspark_lookup",
+    "longspark_whole_blocks", "longspark_stock_verify", "full_prefix",
 )  # fmt: skip
+# `longspark_lookup`: the drafter with the lookup source on (`drafting.lookup_settings`).
+DEFAULT_LOOKUP_MIN_MATCH = 3
+DEFAULT_LOOKUP_NUM_TOKENS = 10
 
 # prompts.py
 DEFAULT_LONG_LENGTHS = (2048, 4096, 8192)

@@ -3,11 +3,16 @@
 Real-target prefixes are prefilled by the target. Longer ones (`synthetic_prefix_lengths`, e.g. 32K-128K, beyond
 SmolLM2's 8K positions) use a *synthetic* cache: random K/V rows of the right shapes in the drafter's selected target
 layers only, and a random boundary state. A drafting round reads nothing else, and its cost depends on shapes alone.
+
+With the lookup source on (`lookup_min_match`), each length also gets a seeded synthetic token history of that length
+(`lookup_history`), indexed in a `SuffixIndex`, and a third drafter, `longspark_lookup`, whose round is the real one:
+`propose_blocks` adds the round's committed tokens to the index, queries it, and drafts the block on a miss.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import random
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -17,8 +22,9 @@ from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 from ..configuration_longspark import LongSparkConfig
 from ..generation import LongSparkCandidateGenerator
 from ..modeling_longspark import LongSparkDrafterModel
-from .common import machine_info, measure, prefill, timed_call
+from .common import generation_config_fields, machine_info, measure, prefill, timed_call
 from .defaults import DEFAULT_PREFIX_LENGTHS, DEFAULT_SYNTHETIC_PREFIX_LENGTHS
+from .lookup_cost import LOOKUP_HISTORY, LOOKUP_NOTES, LOOKUP_ROW_FIELDS, LookupRounds, lookup_fields, lookup_history
 from .models import make_full_prefix_drafter
 
 # Per-length fields: the report keeps one list per field (`prefix_lengths` for `prefix_length`) and a list of rows.
@@ -26,6 +32,7 @@ ROW_FIELDS = (
     "prefix_length", "longspark_ms", "full_prefix_ms", "longspark_state_bytes", "full_prefix_state_bytes",
     "longspark_update_ms", "longspark_proposal_ms", "full_prefix_update_ms", "full_prefix_proposal_ms",
     "longspark_prefill_absorb_ms", "longspark_window_bytes", "full_prefix_state_bytes_formula", "synthetic",
+    "longspark_ms_vs_shortest", "full_prefix_ms_vs_shortest",
 )  # fmt: skip
 
 
@@ -71,14 +78,22 @@ def synthetic_cache(
     return cache
 
 
-def _generators(target, drafters, input_ids) -> dict[str, LongSparkCandidateGenerator]:
-    """One candidate generator per drafter, built as `generate` builds it, drafting whole blocks every round."""
-    block = next(iter(drafters.values())).config.block_size
+def _generators(target, drafters, input_ids, lookup: bool = False) -> dict[str, LongSparkCandidateGenerator]:
+    """One candidate generator per drafter, built as `generate` builds it, drafting whole blocks every round with the
+    lookup source off; with `lookup`, one more (`longspark_lookup`) with the drafter's lookup source on."""
+    block = drafters["longspark"].config.block_size
     generation_config = GenerationConfig(do_sample=False, max_length=input_ids.shape[1] + 2 * block + 1)
     gens = {name: LongSparkCandidateGenerator(target, drafter, input_ids, generation_config, None)
             for name, drafter in drafters.items()}  # fmt: skip
     for gen in gens.values():
-        gen.token_threshold = gen.block_threshold = 0.0  # a dynamic block length would time fewer tokens than `B`
+        gen.lookup = None
+    if lookup:
+        gens["longspark_lookup"] = LongSparkCandidateGenerator(
+            target, drafters["longspark"], input_ids, generation_config, None
+        )
+    for gen in gens.values():
+        # A dynamic block length would time fewer tokens than `B`.
+        gen.draft_kwargs.update(confidence_threshold=0.0, block_confidence_threshold=0.0)
     return gens
 
 
@@ -87,12 +102,22 @@ def _context_bytes(tensors: Sequence[torch.Tensor]) -> int:
 
 
 class _Prefix:
-    """One prefix length's cache, candidate generators (hooks already removed) and prompt ids."""
+    """One prefix length's cache, candidate generators (hooks already removed), prompt ids and lookup rounds."""
 
     def __init__(self, length: int, cache, gens: dict[str, LongSparkCandidateGenerator], input_ids, synthetic: bool):
         self.length, self.cache, self.gens, self.input_ids, self.synthetic = length, cache, gens, input_ids, synthetic
+        self.lookup: LookupRounds | None = None
         for gen in gens.values():
             gen.capture.remove()  # keep the states captured at this prefill; later prefills must not overwrite them
+
+    def add_lookup(self, vocab_size: int, seed: int, new_tokens: int, num_rounds: int) -> None:
+        """Indexes a synthetic history of `length + 1` tokens (the ids when the first round runs) for the lookup
+        generator; its rounds then commit `new_tokens` fresh random ids each (the query misses: the drafter still
+        drafts, the round's full cost)."""
+        rng = random.Random(seed + 1)
+        round_tokens = [rng.randrange(vocab_size) for _ in range(new_tokens * num_rounds)]
+        history = lookup_history(self.length + 1, vocab_size, seed)
+        self.lookup = LookupRounds(self.gens["longspark_lookup"], history, round_tokens, new_tokens)
 
 
 def _row(prefix: _Prefix, timings: Mapping[str, Any], device) -> dict[str, Any]:
@@ -118,7 +143,36 @@ def _row(prefix: _Prefix, timings: Mapping[str, Any], device) -> dict[str, Any]:
     row["longspark_window_bytes"] = _context_bytes(ls.window_keys + ls.window_values)
     kv_dtype = full.window_keys[0].dtype if full.window_keys else torch.float32
     row["full_prefix_state_bytes_formula"] = full_prefix_state_bytes(config, length, kv_dtype)
+    if prefix.lookup is not None:
+        row["lookup_overhead_ms"] = row["longspark_lookup_ms"] - row["longspark_ms"]
+        row["lookup_index_bytes"] = prefix.lookup.index_bytes
+        row["lookup_prefill_index_ms"] = prefix.lookup.prefill_index_ms
+        row["lookup_hit_rounds"] = gens["longspark_lookup"].stats.lookup_rounds
     return row
+
+
+def _add_ratios(rows: Sequence[dict[str, Any]]) -> None:
+    """`{name}_ms_vs_shortest`: each round's median over the same drafter's at the shortest prefix."""
+    shortest = min(rows, key=lambda row: row["prefix_length"], default=None)
+    for name in ("longspark", "longspark_lookup", "full_prefix"):
+        if shortest is not None and f"{name}_ms" in shortest:
+            for row in rows:
+                row[f"{name}_ms_vs_shortest"] = row[f"{name}_ms"] / shortest[f"{name}_ms"]
+
+
+def _round_phases(prefix: _Prefix, name: str, gen: LongSparkCandidateGenerator) -> tuple[Callable, Callable]:
+    """The two timed phases of one round: the context update, then the proposal, a whole block after the prefix ids,
+    or for `longspark_lookup` the real round's (`gen.max_proposal` tokens at most) after the next lookup round's ids."""
+
+    def update():
+        return gen.update_context(prefix.cache, prefix.length, 0)
+
+    def propose(context):
+        if name == "longspark_lookup":
+            return gen.propose(prefix.lookup.next_ids(), context, gen.max_proposal)
+        return gen.propose(prefix.input_ids, context, gen.config.block_size)
+
+    return update, propose
 
 
 def _time_all(prefixes: Sequence[_Prefix], rounds: int, warmup: int, device, progress=None) -> list[dict[str, Any]]:
@@ -130,8 +184,7 @@ def _time_all(prefixes: Sequence[_Prefix], rounds: int, warmup: int, device, pro
         for name, gen in prefix.gens.items():
             key = f"{name}@{prefix.length}"
             gen.update_context(prefix.cache, prefix.length, 0)  # the round after prefill absorbs the prefix
-            calls[key] = (lambda gen=gen, p=prefix: gen.update_context(p.cache, p.length, 0),
-                          lambda context, gen=gen, p=prefix, b=block: gen.propose(p.input_ids, context, b))  # fmt: skip
+            calls[key] = _round_phases(prefix, name, gen)
             setup[key] = (gen, prefix.length - (block + 1))
 
     def prepare(key: str) -> None:
@@ -139,7 +192,19 @@ def _time_all(prefixes: Sequence[_Prefix], rounds: int, warmup: int, device, pro
         gen.state.num_absorbed = absorbed  # steady state: one full block's rows are new
 
     timings = measure(calls, rounds, warmup, device=device, prepare=prepare, progress=progress)
-    return [_row(prefix, timings, device) for prefix in prefixes]
+    rows = [_row(prefix, timings, device) for prefix in prefixes]
+    _add_ratios(rows)
+    return rows
+
+
+def _round_cost_ratio(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Each drafter's round at the longest prefix over its round at the shortest (e.g. 128K / 512)."""
+    if not rows:
+        return None
+    longest = max(rows, key=lambda row: row["prefix_length"])
+    names = [name for name in ("longspark", "longspark_lookup", "full_prefix") if f"{name}_ms_vs_shortest" in longest]
+    ratios = {name: longest[f"{name}_ms_vs_shortest"] for name in names}
+    return {"lengths": [min(row["prefix_length"] for row in rows), longest["prefix_length"]], **ratios}
 
 
 def _usable_lengths(lengths, block: int, max_positions: int, allow_extrapolation: bool, rope: Mapping):
@@ -172,6 +237,9 @@ def run_drafting_cost(
     prefill_chunk: int = 1024,
     full_prefix_drafter: LongSparkDrafterModel | None = None,
     synthetic_prefix_lengths: Sequence[int] = (),
+    lookup_min_match: int = 0,
+    lookup_num_tokens: int | None = None,
+    lookup_new_tokens: int | None = None,
     progress: bool = False,
 ) -> dict[str, Any]:
     """Per-round drafting time and persistent context-state bytes of LongSpark and the full-prefix baseline.
@@ -190,17 +258,31 @@ def run_drafting_cost(
     K/V in the selected layers only, random boundary states; see `synthetic_cache`), at any length. `progress` shows
     progress bars on stderr.
 
+    With `lookup_min_match > 0` (and `lookup_num_tokens`, default the block size), a third generator,
+    `longspark_lookup`, runs with the drafter's lookup source on. Per length, its `SuffixIndex` first indexes a
+    seeded synthetic history of `t + 1` tokens (`lookup_history`; timed once as `lookup_prefill_index_ms`, as the
+    first round after a prefill indexes the prompt; `lookup_index_bytes` is its `nbytes`); then each of its rounds
+    is the real one: the context update, then `propose_blocks`, which adds the round's `lookup_new_tokens` committed
+    tokens (default `B + 1`, fresh random ids) to the index, queries it and, on a miss (`lookup_hit_rounds` counts
+    the others), drafts the block.
+
     Returns:
         One list per field of `ROW_FIELDS` (`prefix_lengths`, `longspark_ms`, `full_prefix_ms` (median ms per
         round, update + proposal), `longspark_state_bytes` (`LongSparkContextState.nbytes`),
         `full_prefix_state_bytes` (the KV rows the baseline attends to plus the boundary, measured from its
-        context), the update/proposal split, the prefill absorption time, `synthetic` flags, ...), the same as
-        `rows` (one dict per length), and metadata.
+        context), the update/proposal split, the prefill absorption time, `synthetic` flags, `*_ms_vs_shortest`
+        (each round over the same drafter's at the shortest prefix), ...) and, with lookup, of `LOOKUP_ROW_FIELDS`;
+        the same as `rows` (one dict per length); `round_cost_ratio` (longest over shortest prefix, per drafter);
+        and metadata.
     """
     if rounds < 1 or warmup < 0:
         raise ValueError(f"Need rounds >= 1 and warmup >= 0, got rounds={rounds}, warmup={warmup}.")
     config = drafter.config
     block = config.block_size
+    lookup = lookup_fields(lookup_min_match, lookup_num_tokens)
+    new_tokens = block + 1 if lookup_new_tokens is None else lookup_new_tokens
+    if new_tokens < 1:
+        raise ValueError(f"lookup_new_tokens must be at least 1, got {new_tokens}.")
     text_config = target.config.get_text_config()
     max_positions = text_config.max_position_embeddings
     rope = dict(getattr(text_config, "rope_parameters", None) or {})
@@ -219,28 +301,34 @@ def run_drafting_cost(
             raise ValueError(f"prefix_ids has {tokens.numel()} tokens; the longest prefix needs {max(lengths) + 1}.")
     drafters = {"longspark": drafter, "full_prefix": full_prefix_drafter or make_full_prefix_drafter(drafter)}
     prefixes = []
-    with torch.no_grad():
+    with torch.no_grad(), generation_config_fields(drafter, lookup):
         for length in tqdm(lengths, desc="prefill", unit="prefix", disable=not progress):
             input_ids = tokens[: length + 1].to(device)[None]
-            gens = _generators(target, drafters, input_ids)  # both capture the boundary states of the prefill
+            gens = _generators(target, drafters, input_ids, bool(lookup))  # all capture the prefill's boundary states
             cache = prefill(target, input_ids[:, :length], prefill_chunk)
             prefixes.append(_Prefix(length, cache, gens, input_ids, synthetic=False))
         parameter = next(target.parameters())
         for length in synthetic_lengths:
             input_ids = torch.randint(0, text_config.vocab_size, (1, length + 1), generator=generator).to(device)
-            gens = _generators(target, drafters, input_ids)
+            gens = _generators(target, drafters, input_ids, bool(lookup))
             cache = synthetic_cache(target, config.target_layer_ids, length, seed)
             for slot in range(len(config.target_layer_ids)):
                 state = torch.randn(1, block + 1, text_config.hidden_size, device=device, dtype=parameter.dtype)
                 for gen in gens.values():
                     gen.capture.states[slot] = state
             prefixes.append(_Prefix(length, cache, gens, input_ids, synthetic=True))
+        if lookup:
+            for prefix in tqdm(prefixes, desc="lookup index", unit="prefix", disable=not progress):
+                prefix.add_lookup(text_config.vocab_size, seed + prefix.length, new_tokens, warmup + rounds)
         rows = _time_all(prefixes, rounds, warmup, device, "drafting rounds" if progress else None)
     del prefixes
 
-    column_names = {field: "prefix_lengths" if field == "prefix_length" else field for field in ROW_FIELDS}
-    result: dict[str, Any] = {column_names[field]: [row[field] for row in rows] for field in ROW_FIELDS}
+    fields = ROW_FIELDS + (LOOKUP_ROW_FIELDS if lookup else ())
+    column_names = {field: "prefix_lengths" if field == "prefix_length" else field for field in fields}
+    result: dict[str, Any] = {column_names[field]: [row[field] for row in rows] for field in fields}
     result.update(
+        round_cost_ratio=_round_cost_ratio(rows),
+        lookup={**lookup, "new_tokens_per_round": new_tokens, "history": LOOKUP_HISTORY} if lookup else None,
         benchmark="drafting-cost",
         rows=rows,
         synthetic_prefix_lengths=synthetic_lengths,
@@ -262,7 +350,7 @@ def run_drafting_cost(
             "attends to each round, plus the boundary. LongSpark also reads a W-row window of the target cache "
             "(longspark_window_bytes, fixed). Rows with synthetic=true use random K/V rows in the selected target "
             "layers only and random boundary states instead of a target prefill (positions may exceed "
-            "max_position_embeddings: drafting cost depends on shapes alone)."
+            "max_position_embeddings: drafting cost depends on shapes alone)." + (LOOKUP_NOTES if lookup else "")
         ),
         machine=machine_info(device),
     )

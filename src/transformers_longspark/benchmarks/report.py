@@ -14,34 +14,73 @@ def _fmt(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def format_markdown(report: Mapping[str, Any]) -> str:
-    """The speed report as a Markdown table (one row per workload, mode and method), with the machine below."""
-    header = (
-        "| workload | mode | method | tau | tok/s | speedup | decode tok/s | decode speedup | verify ms/round "
-        "| propose ms/round | update ms/round | greedy identical |\n"
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n"
-    )
-    lines = []
+def _speedup(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _speed_cells(row: Mapping[str, Any]) -> list[str]:
+    identical = "-"
+    if "greedy_identical" in row:
+        verdict = "yes" if row["greedy_identical"] else "NO"
+        identical = f"{verdict} ({row['greedy_identical_prompts']}/{row['prompts']})"
+    lookup = "-"
+    if row.get("lookup_round_share") is not None:
+        lookup = f"{row['lookup_rounds']} ({100 * row['lookup_round_share']:.0f}%)"
+    return [
+        row["workload"],
+        row["mode"],
+        row["label"],
+        _fmt(row["tau"], ".2f"),
+        _fmt(row["tokens_per_s"], ".1f"),
+        _speedup(row["speedup"]),
+        _speedup(row.get("speedup_vs_best_plain")),
+        _fmt(row.get("decode_tokens_per_s"), ".1f"),
+        _speedup(row.get("decode_speedup")),
+        _speedup(row.get("decode_speedup_vs_best_plain")),
+        _fmt(row.get("verify_ms_per_round"), ".1f"),
+        _fmt(row.get("proposal_ms_per_round"), ".2f"),
+        _fmt(row.get("context_update_ms_per_round"), ".2f"),
+        lookup,
+        identical,
+    ]
+
+
+def _best_plain_notes(rows) -> list[str]:
+    """Which plain path was the fastest, per workload and mode (the reference of the "vs best plain" columns)."""
+    best = {}
+    for row in rows:
+        best.setdefault((row["workload"], row["mode"]), (row.get("best_plain"), row.get("best_plain_decode")))
+    return [
+        f"{workload} {mode}: {total or '-'} end to end, {decode or '-'} decoding"
+        for (workload, mode), (total, decode) in best.items()
+    ]
+
+
+def format_acceptance(report: Mapping[str, Any]) -> str:
+    """Per-position acceptance of the drafter methods as a Markdown table: `P(drafts 1..i accepted)` over all rounds,
+    and the rounds that proposed the lookup continuation."""
+    lines = [
+        "| workload | mode | method | rounds | lookup rounds | acceptance by position (1, 2, ...) |",
+        "|---|---|---|---:|---:|---|",
+    ]
     for row in report["rows"]:
-        identical = "-"
-        if "greedy_identical" in row:
-            verdict = "yes" if row["greedy_identical"] else "NO"
-            identical = f"{verdict} ({row['greedy_identical_prompts']}/{row['prompts']})"
-        cells = [
-            row["workload"],
-            row["mode"],
-            row["label"],
-            _fmt(row["tau"], ".2f"),
-            _fmt(row["tokens_per_s"], ".1f"),
-            _fmt(row["speedup"], ".2f") + ("x" if row["speedup"] is not None else ""),
-            _fmt(row.get("decode_tokens_per_s"), ".1f"),
-            _fmt(row.get("decode_speedup"), ".2f") + ("x" if row.get("decode_speedup") is not None else ""),
-            _fmt(row.get("verify_ms_per_round"), ".1f"),
-            _fmt(row.get("proposal_ms_per_round"), ".2f"),
-            _fmt(row.get("context_update_ms_per_round"), ".2f"),
-            identical,
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
+        if "acceptance_rates" in row:
+            rates = " ".join(f"{rate:.2f}" for rate in row["acceptance_rates"]) or "-"
+            cells = [row["workload"], row["mode"], row["label"], str(row["rounds"]), str(row["lookup_rounds"]), rates]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def format_markdown(report: Mapping[str, Any]) -> str:
+    """The speed report as Markdown: one row per workload, mode and method, the drafters' per-position acceptance,
+    then the machine and settings."""
+    header = (
+        "| workload | mode | method | tau | tok/s | speedup | vs best plain | decode tok/s | decode speedup "
+        "| decode vs best plain | verify ms/round | propose ms/round | update ms/round | lookup rounds "
+        "| greedy identical |\n"
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n"
+    )
+    lines = ["| " + " | ".join(_speed_cells(row)) + " |" for row in report["rows"]]
     machine = report.get("machine", {})
     settings = report.get("settings", {})
     drafter = report.get("drafter", {})
@@ -49,35 +88,74 @@ def format_markdown(report: Mapping[str, Any]) -> str:
         f"Machine: {machine.get('cpu')} ({machine.get('cpu_cores')} cores, {machine.get('torch_threads')} torch "
         f"threads), torch {machine.get('torch')}, transformers {machine.get('transformers')}, {machine.get('device')}.",
         f"Settings: max_new_tokens={settings.get('max_new_tokens')}, sampled at T={settings.get('temperature')} "
-        f"(no top-k/top-p), prompt_lookup_num_tokens={settings.get('prompt_lookup_num_tokens')}, "
+        f"(no top-k/top-p), prompt_lookup_num_tokens={settings.get('prompt_lookup_num_tokens')}, LongSpark + lookup: "
+        f"lookup_min_match={settings.get('lookup_min_match')}, lookup_num_tokens={settings.get('lookup_num_tokens')}, "
         f"ignore_eos={settings.get('ignore_eos')}.",
         "tau = (new tokens - 1) / verification rounds; speedup is over plain generate in the same mode, end to end "
         "(tok/s, prompt processing included) and for decoding alone (decode tok/s: the tokens after the first over "
-        "the time after the prefill); verify ms/round: target forward per round after the prefill (for plain "
-        "generate, per decoding step).",
+        'the time after the prefill); "vs best plain" is over the fastest plain path measured in the same run '
+        "(plain generate, on the fast verification path, with a static cache): "
+        + "; ".join(_best_plain_notes(report["rows"]))
+        + ". verify ms/round: target forward per round after the prefill (for plain generate, per decoding step); "
+        "lookup rounds: rounds that proposed the lookup continuation instead of a drafted block.",
     ]
     if drafter and drafter.get("trained") is False:
         notes.append("**The drafter is RANDOM (untrained): its tau and speedups are not meaningful.**")
+    acceptance = format_acceptance(report)
+    if acceptance.count("\n") > 2:
+        heading = "\nPer-position acceptance (P(drafts 1..i all accepted), over every verified round):\n\n"
+        notes.append(heading + acceptance)
     return header + "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
 
 
+def _round_cost_ratio_line(result: Mapping[str, Any]) -> str | None:
+    """E.g. "Round cost 128K / 512: LongSpark 1.00x, LongSpark + lookup 1.01x, full-prefix 42.0x"."""
+    ratio = result.get("round_cost_ratio")
+    if not ratio:
+        return None
+    names = {"longspark": "LongSpark", "longspark_lookup": "LongSpark + lookup", "full_prefix": "full-prefix"}
+    parts = [f"{label} {ratio[name]:.2f}x" for name, label in names.items() if ratio.get(name) is not None]
+    shortest, longest = (format_length(length) for length in ratio["lengths"])
+    return f"\nRound cost {longest} / {shortest} (median ms per round, longest over shortest): {', '.join(parts)}"
+
+
 def format_drafting_cost(result: Mapping[str, Any]) -> str:
-    """The drafting-cost report as a Markdown table, one row per prefix length (synthetic ones marked)."""
-    lines = [
-        "| prefix | LongSpark ms/round | full-prefix ms/round | LongSpark state | full-prefix state |",
-        "|---:|---:|---:|---:|---:|",
-    ]
+    """The drafting-cost report as a Markdown table, one row per prefix length (synthetic ones marked); with the
+    lookup source timed, its round and its index bytes per request too."""
+    lookup = "longspark_lookup_ms" in result
+    header = "| prefix | LongSpark ms/round | full-prefix ms/round | LongSpark state | full-prefix state |"
+    if lookup:
+        header += " LongSpark + lookup ms/round | lookup index / request | lookup hits |"
+    lines = [header, "|" + "---:|" * header.count(" |")]
     synthetic = result.get("synthetic") or [False] * len(result["prefix_lengths"])
     for i, length in enumerate(result["prefix_lengths"]):
-        lines.append(
+        line = (
             f"| {length}{' (synthetic)' if synthetic[i] else ''} | {result['longspark_ms'][i]:.2f} "
             f"| {result['full_prefix_ms'][i]:.2f} | {result['longspark_state_bytes'][i] / 1024:.1f} KiB "
             f"| {result['full_prefix_state_bytes'][i] / 2**20:.2f} MiB |"
         )
+        if lookup:
+            line += (
+                f" {result['longspark_lookup_ms'][i]:.2f} | {result['lookup_index_bytes'][i] / 2**20:.2f} MiB "
+                f"| {result['lookup_hit_rounds'][i]}/{result['rounds'] + result['warmup']} |"
+            )
+        lines.append(line)
+    ratio = _round_cost_ratio_line(result)
+    if ratio:
+        lines.append(ratio)
     for skip in result.get("skipped", []):
         lines.append(f"\nskipped {skip['prefix_length']}: {skip['reason']}")
     if any(synthetic):
         lines.append("\n(synthetic): random K/V in the selected target layers and random boundary states.")
+    if lookup:
+        settings = result.get("lookup") or {}
+        num_tokens, new_tokens = settings.get("lookup_num_tokens", "block size"), settings.get("new_tokens_per_round")
+        lines.append(
+            f"\nLongSpark + lookup: lookup_min_match={settings.get('lookup_min_match')}, lookup_num_tokens="
+            f"{num_tokens}; each round adds {new_tokens} fresh tokens to the request's SuffixIndex, queries it and "
+            "drafts the block on a miss (lookup hits: rounds that proposed the continuation instead). The index holds "
+            f"a synthetic history of the prefix's length: {settings.get('history')}."
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -109,22 +187,40 @@ def _length_axis(ax, lengths) -> None:
     ax.grid(True, alpha=0.3)
 
 
+# The drafting-cost figure's curves: drafter (its `{name}_ms` field), label, bytes-per-request field, line style.
+DRAFTING_COST_CURVES = (
+    ("longspark", "LongSpark (window + summary)", "longspark_state_bytes", dict(marker="o", color="tab:blue")),
+    (
+        "full_prefix",
+        "full-prefix drafter",
+        "full_prefix_state_bytes",
+        dict(marker="s", color="tab:red", linestyle="--"),
+    ),
+    (
+        "longspark_lookup",
+        "LongSpark + lookup (index per request)",
+        "lookup_index_bytes",
+        dict(marker="^", color="tab:green", linestyle="-."),
+    ),
+)
+
+
 def plot_drafting_cost(result: Mapping[str, Any], path: str | os.PathLike) -> Path:
     """Two panels, like the paper's Figure 1 (left): (a) drafting time per round and (b) drafter context-state
-    memory (log scale) vs prefix length (log scale), LongSpark vs the full-prefix baseline. Synthetic-cache lengths
-    are drawn dotted with hollow markers on a shaded range. Writes `path` (PNG, PDF, ...)."""
+    memory (log scale) vs prefix length (log scale), LongSpark vs the full-prefix baseline (and, when timed, the round
+    with the lookup source and its index per request). Synthetic-cache lengths are drawn dotted with hollow markers on
+    a shaded range. Writes `path` (PNG, PDF, ...)."""
     plt = _pyplot()
     lengths = result["prefix_lengths"]
     synthetic = result.get("synthetic") or [False] * len(lengths)
     fig, (time_ax, mem_ax) = plt.subplots(1, 2, figsize=(10, 3.8))
-    styles = {
-        "longspark": dict(label="LongSpark (window + summary)", marker="o", color="tab:blue"),
-        "full_prefix": dict(label="full-prefix drafter", marker="s", color="tab:red", linestyle="--"),
-    }
     real = [i for i, s in enumerate(synthetic) if not s]
     fake = [i for i, s in enumerate(synthetic) if s]
-    for name, style in styles.items():
-        mebibytes = [b / 2**20 for b in result[f"{name}_state_bytes"]]
+    for name, label, bytes_field, style in DRAFTING_COST_CURVES:
+        if f"{name}_ms" not in result:
+            continue
+        style = dict(style, label=label)
+        mebibytes = [b / 2**20 for b in result[bytes_field]]
         for ax, values in ((time_ax, result[f"{name}_ms"]), (mem_ax, mebibytes)):
             if real:
                 ax.plot([lengths[i] for i in real], [values[i] for i in real], **style)

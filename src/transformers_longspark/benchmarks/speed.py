@@ -1,4 +1,5 @@
-"""Decoding speed side by side: plain `generate`, prompt lookup, LongSpark and the full-prefix drafter.
+"""Decoding speed side by side: the plain paths, prompt lookup, LongSpark (with and without its lookup source) and the
+full-prefix drafter.
 
 Definitions. A *round* is one target verification forward after the prefill. `tau = (new tokens - 1) / rounds`
 (`accepted_length`): the prefill forward yields the first new token and every round adds the accepted draft tokens
@@ -6,17 +7,25 @@ plus one. Plain `generate` runs one forward per token, so its tau is 1. For prom
 target forward calls minus one (it may already verify candidates with the prefill, which the `tokens_per_forward`
 column, new tokens / target forwards, accounts for exactly).
 
-Before and after. `longspark` runs as users get it: the fast verification path (`verification.py`) and the
-drafter's `assistant_confidence_threshold`. `longspark_whole_blocks` is the same with whole blocks (threshold 0), and
-`longspark_stock_verify` whole blocks on transformers' stock path (`sdpa` attention, concatenating cache): the path
-before both changes. `prompt_lookup_fast` runs stock prompt lookup inside `fast_verification` with a reserved-rows
-cache, so that one run shows each method before and after.
+Fair baselines. Speculative methods verify on the fast path (`verification.py`: reserved cache rows, grouped-head
+attention), which also speeds up plain decoding. So every speedup is reported twice: over stock `generate` (`plain`)
+and over the fastest plain path of the same run (`speedup_vs_best_plain`): `plain`, `plain_fast` (plain `generate`
+inside `fast_verification` with a `DynamicCache` reserved for the prompt and the new tokens) and `plain_static`
+(transformers' static cache, `cache_implementation="static"`).
+
+Before and after. `longspark` runs as users get it: the fast verification path and the drafter's own generation
+config (confidence thresholds, lookup source). `longspark_no_lookup` forces the lookup source off and
+`longspark_lookup` on (`lookup_min_match` / `lookup_num_tokens`). `longspark_whole_blocks` drafts whole blocks
+(thresholds 0), and `longspark_stock_verify` whole blocks on transformers' stock path (`sdpa` attention,
+concatenating cache): the path before both changes. `prompt_lookup_fast` runs stock prompt lookup inside
+`fast_verification` with a reserved-rows cache, so that one run shows each method before and after.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,53 +34,63 @@ from transformers import DynamicCache, PreTrainedModel
 
 from ..modeling_longspark import LongSparkDrafterModel
 from ..verification import fast_verification
-from .common import machine_info, time_forward_calls, timed_call
-from .defaults import METHODS, MODES
+from .common import generation_config_fields, machine_info, time_forward_calls, timed_call
+from .defaults import DEFAULT_LOOKUP_MIN_MATCH, DEFAULT_LOOKUP_NUM_TOKENS, METHODS, MODES, PLAIN_METHODS
 from .models import make_full_prefix_drafter
 from .prompts import chat_prompt_ids
+from .speed_summary import METHOD_LABELS, accepted_length, add_speedups, new_tokens_from_round_log, summarize_runs
 
-METHOD_LABELS = {
-    "plain": "plain generate",
-    "prompt_lookup": "prompt lookup",
-    "prompt_lookup_fast": "prompt lookup (fast verification)",
-    "longspark": "LongSpark",
-    "longspark_whole_blocks": "LongSpark (whole blocks)",
-    "longspark_stock_verify": "LongSpark (stock verification, whole blocks)",
-    "full_prefix": "full-prefix drafter",
-}
 # Which methods run in which decoding mode by default (the full-prefix baseline is measured greedily).
 DEFAULT_METHODS = {"greedy": METHODS, "sampled": tuple(m for m in METHODS if m != "full_prefix")}
-# Drafter methods and what each changes on the drafter for its runs: the verification path, and whole blocks
-# (both confidence thresholds 0) instead of the drafter's own thresholds. "Stock verification" is the path before
-# both changes.
+# Drafter methods and what each changes on the drafter for its runs: the verification path, whole blocks (both
+# confidence thresholds 0) instead of the drafter's own thresholds, and the lookup source ("stock verification" is
+# the path before the first two changes). `longspark_lookup`'s settings are the run's (`drafter_method_settings`).
 WHOLE_BLOCKS = {"assistant_confidence_threshold": 0.0, "block_confidence_threshold": 0.0}
-DRAFTER_METHODS = {
+DRAFTER_METHODS: dict[str, dict[str, Any]] = {
     "longspark": {},
+    "longspark_no_lookup": {"lookup_min_match": 0},
+    "longspark_lookup": {},
     "longspark_whole_blocks": WHOLE_BLOCKS,
     "longspark_stock_verify": {"fast_verification": False, **WHOLE_BLOCKS},
     "full_prefix": {},
 }
+# Methods without a drafter that `generate` runs inside `fast_verification`, with a cache of reserved rows.
+FAST_PATH_METHODS = ("plain_fast", "prompt_lookup_fast")
+# Devices on which `generate` compiles the decoding step of a static cache (transformers'
+# `_valid_auto_compile_criteria`). There `plain_static` gets one cache size for the whole run (the longest prompt's),
+# so that the graph compiled in the warm-up serves every call; elsewhere the cache is sized per call.
+AUTO_COMPILE_DEVICES = ("cuda", "xpu", "neuron", "tpu")
 
 Prompt = Mapping[str, Any]
 """A benchmark prompt: `{"name": str, "input_ids": list[int], ...metadata}`."""
 
 
-def accepted_length(new_tokens: int, rounds: int) -> float:
-    """tau: tokens per verification round, bonus token included: `(new_tokens - 1) / rounds`.
+def drafter_method_settings(
+    lookup_min_match: int = DEFAULT_LOOKUP_MIN_MATCH, lookup_num_tokens: int = DEFAULT_LOOKUP_NUM_TOKENS
+) -> dict[str, dict[str, Any]]:
+    """`DRAFTER_METHODS`, with `longspark_lookup`'s lookup source: a continuation of `lookup_num_tokens` tokens where
+    the request's last `lookup_min_match` (or more) tokens occurred before (`drafting.lookup_settings`)."""
+    if lookup_min_match < 1 or lookup_num_tokens < 1:
+        raise ValueError(
+            "longspark_lookup needs lookup_min_match >= 1 and lookup_num_tokens >= 1 (0 turns lookup off), got "
+            f"{lookup_min_match} and {lookup_num_tokens}."
+        )
+    lookup = {"lookup_min_match": lookup_min_match, "lookup_num_tokens": lookup_num_tokens}
+    return {**DRAFTER_METHODS, "longspark_lookup": lookup}
 
-    The target's prefill forward yields the first new token; each round then adds its accepted draft tokens plus
-    one. Raises `ValueError` when there is no round to average over.
-    """
-    if new_tokens < 1 or rounds < 1:
-        raise ValueError(f"tau needs at least one new token and one round, got {new_tokens} tokens, {rounds} rounds.")
-    if new_tokens - 1 < rounds:
-        raise ValueError(f"{rounds} rounds cannot yield only {new_tokens - 1} tokens after the prefill.")
-    return (new_tokens - 1) / rounds
 
-
-def new_tokens_from_round_log(accepted_per_round: Sequence[int]) -> int:
-    """Tokens generated by a prefill plus rounds that accepted `accepted_per_round` draft tokens each."""
-    return 1 + sum(accepted + 1 for accepted in accepted_per_round)
+@contextlib.contextmanager
+def drafter_settings(drafter: LongSparkDrafterModel, settings: Mapping[str, Any]) -> Iterator[None]:
+    """Applies `settings` to `drafter` inside the block, then restores them: `fast_verification` (default True) and
+    any other key as a field of its `generation_config`."""
+    previous_fast = drafter.fast_verification
+    drafter.fast_verification = settings.get("fast_verification", True)
+    fields = {name: value for name, value in settings.items() if name != "fast_verification"}
+    try:
+        with generation_config_fields(drafter, fields):
+            yield
+    finally:
+        drafter.fast_verification = previous_fast
 
 
 def _as_prompt(prompt: Any, tokenizer, index: int) -> dict[str, Any]:
@@ -91,148 +110,100 @@ def _as_prompt(prompt: Any, tokenizer, index: int) -> dict[str, Any]:
     return {"name": f"prompt-{index}", "input_ids": list(prompt)}
 
 
-def _generate_kwargs(
-    method: str,
-    mode: str,
-    drafters: Mapping[str, LongSparkDrafterModel],
-    max_new_tokens: int,
-    pad_token_id: int | None,
-    temperature: float,
-    prompt_lookup_num_tokens: int,
-    ignore_eos: bool,
-) -> dict[str, Any]:
-    kwargs: dict[str, Any] = dict(max_new_tokens=max_new_tokens, do_sample=mode == "sampled")
-    if pad_token_id is not None:
-        kwargs["pad_token_id"] = pad_token_id
-    if mode == "sampled":
-        # Plain temperature sampling: no top-k / top-p truncation.
-        kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
-    if ignore_eos:
-        kwargs["min_new_tokens"] = max_new_tokens
-    if method in ("prompt_lookup", "prompt_lookup_fast"):
-        kwargs["prompt_lookup_num_tokens"] = prompt_lookup_num_tokens
-    elif method in drafters:
-        kwargs["assistant_model"] = drafters[method]
-    elif method != "plain":
-        raise ValueError(f"Unknown method {method!r}; choose from {', '.join(METHODS)}.")
-    return kwargs
+@dataclass
+class _Runner:
+    """What every run of one benchmark shares, and one timed `generate` call (`run`)."""
 
+    target: PreTrainedModel
+    device: torch.device
+    drafters: dict[str, LongSparkDrafterModel]
+    drafter_settings: dict[str, dict[str, Any]]
+    pad_token_id: int | None
+    temperature: float
+    prompt_lookup_num_tokens: int
+    ignore_eos: bool
+    static_cache_len: int | None  # None: each static cache sized for its own call
 
-@contextlib.contextmanager
-def _verification_path(target: PreTrainedModel, method: str, kwargs: dict[str, Any], prompt_length: int):
-    """Sets up the verification path of `method` for one `generate` call (mutates `kwargs`)."""
-    if method == "prompt_lookup_fast":
-        # From outside `generate` only the attention can be switched, unless the cache is passed in: then its
-        # layers get reserved rows too (room for the last round's candidates included).
-        cache = kwargs["cache"] = DynamicCache(config=target.config)
-        max_length = prompt_length + kwargs["max_new_tokens"] + kwargs["prompt_lookup_num_tokens"] + 1
-        with fast_verification(target, cache, max_length):
+    def generate_kwargs(self, method: str, mode: str, max_new_tokens: int) -> dict[str, Any]:
+        """`generate`'s keyword arguments for one call of `method` in `mode`."""
+        kwargs: dict[str, Any] = dict(max_new_tokens=max_new_tokens, do_sample=mode == "sampled")
+        if self.pad_token_id is not None:
+            kwargs["pad_token_id"] = self.pad_token_id
+        if mode == "sampled":
+            # Plain temperature sampling: no top-k / top-p truncation.
+            kwargs.update(temperature=self.temperature, top_k=0, top_p=1.0)
+        if self.ignore_eos:
+            kwargs["min_new_tokens"] = max_new_tokens
+        if method in ("prompt_lookup", "prompt_lookup_fast"):
+            kwargs["prompt_lookup_num_tokens"] = self.prompt_lookup_num_tokens
+        elif method in self.drafters:
+            kwargs["assistant_model"] = self.drafters[method]
+        elif method == "plain_static":
+            kwargs["cache_implementation"] = "static"
+            if self.static_cache_len is not None:
+                kwargs["max_cache_len"] = self.static_cache_len
+        elif method not in PLAIN_METHODS:
+            raise ValueError(f"Unknown method {method!r}; choose from {', '.join(METHODS)}.")
+        return kwargs
+
+    @contextlib.contextmanager
+    def method_path(self, method: str, kwargs: dict[str, Any], prompt_length: int) -> Iterator[None]:
+        """Sets up the decoding path of `method` for one `generate` call (mutates `kwargs`)."""
+        if method in FAST_PATH_METHODS:
+            # From outside `generate` only the attention can be switched, unless the cache is passed in: then its
+            # layers get reserved rows too: the prompt's and the new tokens' (for prompt lookup, room for the last
+            # round's candidates and bonus token too).
+            cache = kwargs["cache"] = DynamicCache(config=self.target.config)
+            candidates = kwargs.get("prompt_lookup_num_tokens", 0)
+            max_length = prompt_length + kwargs["max_new_tokens"] + (candidates + 1 if candidates else 0)
+            with fast_verification(self.target, cache, max_length):
+                yield
+        elif method == "plain_static":
+            # `generate` sizes a static cache for the longest call so far; sized for this call (or `max_cache_len`)
+            # instead, a short prompt does not attend over the masked rows of a longer earlier one.
+            vars(self.target).pop("_previous_max_cache_length", None)
             yield
-    elif method in DRAFTER_METHODS:
-        drafter, settings = kwargs["assistant_model"], DRAFTER_METHODS[method]
-        generation_config = drafter.generation_config
-        previous = {name: getattr(generation_config, name, None) for name in WHOLE_BLOCKS}
-        previous_fast = drafter.fast_verification
-        drafter.fast_verification = settings.get("fast_verification", True)
-        for name in WHOLE_BLOCKS:
-            setattr(generation_config, name, settings.get(name, previous[name]))
-        try:
+        elif method in self.drafter_settings:
+            with drafter_settings(kwargs["assistant_model"], self.drafter_settings[method]):
+                yield
+        else:
             yield
-        finally:
-            drafter.fast_verification = previous_fast
-            for name, value in previous.items():
-                setattr(generation_config, name, value)
-    else:
-        yield
 
-
-def _run_once(target, input_ids, method: str, kwargs, device, seed: int | None) -> dict[str, Any]:
-    kwargs = dict(kwargs)
-    drafter = kwargs.get("assistant_model")
-    if seed is not None:
-        torch.manual_seed(seed)
-    with _verification_path(target, method, kwargs, input_ids.shape[1]), time_forward_calls(target, device) as calls:
-        seconds, output = timed_call(
-            lambda: target.generate(input_ids, attention_mask=torch.ones_like(input_ids), **kwargs), device=device
-        )
-    new_ids = output[0, input_ids.shape[1] :].tolist()
-    run = {
-        "new_tokens": len(new_ids),
-        "seconds": seconds,
-        "target_forwards": len(calls),
-        "rounds": len(calls) - 1,
-        "prefill_seconds": calls[0] if calls else 0.0,
-        "verify_seconds": sum(calls[1:]),
-        "new_ids": new_ids,
-    }
-    if drafter is not None:
-        stats = drafter.drafting_stats
-        run.update(
-            rounds=stats.rounds,
-            drafted_tokens=stats.drafted_tokens,
-            proposal_seconds=stats.proposal_seconds,
-            context_update_seconds=stats.context_update_seconds,
-            context_state_bytes=stats.context_state_bytes,
-        )
-    return run
-
-
-def summarize_runs(runs: Sequence[Mapping[str, Any]], method: str) -> dict[str, Any]:
-    """Aggregates one method's runs (one per prompt): token-weighted tau, tokens/s, ms per token, drafting time and
-    target forward time per round (`verify_ms_per_round`; for plain `generate`, per decoding step)."""
-    tokens = sum(run["new_tokens"] for run in runs)
-    seconds = sum(run["seconds"] for run in runs)
-    rounds = sum(run["rounds"] for run in runs)
-    forwards = sum(run["target_forwards"] for run in runs)
-    summary: dict[str, Any] = {
-        "method": method,
-        "label": METHOD_LABELS.get(method, method),
-        "prompts": len(runs),
-        "new_tokens": tokens,
-        "seconds": seconds,
-        "target_forwards": forwards,
-        "rounds": rounds,
-        "tokens_per_s": tokens / seconds if seconds > 0 else None,
-        "ms_per_token": 1000.0 * seconds / tokens if tokens else None,
-        "tokens_per_forward": tokens / forwards if forwards else None,
-    }
-    if method == "plain":
-        summary["tau"] = 1.0  # one target forward per token, by definition
-    else:
-        prefill_tokens = sum(1 for run in runs if run["new_tokens"] > 0)
-        summary["tau"] = accepted_length(tokens - prefill_tokens + 1, rounds) if rounds > 0 else None
-    if all("verify_seconds" in run for run in runs):
-        # Verification forwards: every target forward after the prefill (drafter rounds and forwards agree).
-        verify_rounds = sum(run["target_forwards"] - 1 for run in runs)
-        verify = sum(run["verify_seconds"] for run in runs)
-        summary["verify_ms_per_round"] = 1000.0 * verify / verify_rounds if verify_rounds > 0 else None
-        summary["prefill_ms"] = 1000.0 * sum(run["prefill_seconds"] for run in runs) / len(runs) if runs else None
-        # Decoding alone: the tokens after the prefill's first one, over the time after the prefill (which every
-        # method spends alike, and which dominates long prompts).
-        decode_seconds = seconds - sum(run["prefill_seconds"] for run in runs)
-        decode_tokens = tokens - sum(1 for run in runs if run["new_tokens"] > 0)
-        summary["decode_tokens_per_s"] = decode_tokens / decode_seconds if decode_seconds > 0 else None
-    if any("proposal_seconds" in run for run in runs):
-        summary["drafted_tokens"] = sum(run.get("drafted_tokens", 0) for run in runs)
-        proposal = sum(run.get("proposal_seconds", 0.0) for run in runs)
-        update = sum(run.get("context_update_seconds", 0.0) for run in runs)
-        summary["proposal_ms_per_round"] = 1000.0 * proposal / rounds if rounds else None
-        summary["context_update_ms_per_round"] = 1000.0 * update / rounds if rounds else None
-        summary["drafting_ms_per_round"] = 1000.0 * (proposal + update) / rounds if rounds else None
-        summary["context_state_bytes"] = max(run.get("context_state_bytes", 0) for run in runs)
-    identical = [run["identical_to_plain"] for run in runs if run.get("identical_to_plain") is not None]
-    if identical:
-        summary["greedy_identical"] = all(identical)
-        summary["greedy_identical_prompts"] = sum(identical)
-    return summary
-
-
-def add_speedups(summaries: Mapping[str, dict[str, Any]]) -> None:
-    """`speedup` (end to end) and `decode_speedup` (after the prefill) of each method over plain `generate`."""
-    for field, rate in (("speedup", "tokens_per_s"), ("decode_speedup", "decode_tokens_per_s")):
-        plain = summaries["plain"].get(rate)
-        for summary in summaries.values():
-            summary[field] = summary[rate] / plain if plain and summary.get(rate) else None
+    def run(self, input_ids: torch.LongTensor, method: str, mode: str, max_new_tokens: int, seed: int | None):
+        """One timed `generate` call of `method` on `input_ids` `(1, t)`: tokens, seconds, target forwards and
+        their times, and for drafters the drafting stats (lookup rounds and per-position acceptance included)."""
+        kwargs = self.generate_kwargs(method, mode, max_new_tokens)
+        drafter = kwargs.get("assistant_model")
+        if seed is not None:
+            torch.manual_seed(seed)
+        target, device = self.target, self.device
+        with self.method_path(method, kwargs, input_ids.shape[1]), time_forward_calls(target, device) as calls:
+            seconds, output = timed_call(
+                lambda: target.generate(input_ids, attention_mask=torch.ones_like(input_ids), **kwargs), device=device
+            )
+        new_ids = output[0, input_ids.shape[1] :].tolist()
+        run = {
+            "new_tokens": len(new_ids),
+            "seconds": seconds,
+            "target_forwards": len(calls),
+            "rounds": len(calls) - 1,
+            "prefill_seconds": calls[0] if calls else 0.0,
+            "verify_seconds": sum(calls[1:]),
+            "new_ids": new_ids,
+        }
+        if drafter is not None:
+            stats = drafter.drafting_stats
+            run.update(
+                rounds=stats.rounds,
+                drafted_tokens=stats.drafted_tokens,
+                proposal_seconds=stats.proposal_seconds,
+                context_update_seconds=stats.context_update_seconds,
+                context_state_bytes=stats.context_state_bytes,
+                lookup_rounds=stats.lookup_rounds,
+                accepted_histogram=list(stats.accepted_histogram),
+                acceptance_rates=stats.acceptance_rates(),
+            )
+        return run
 
 
 def _methods_per_mode(modes: Sequence[str], methods: Mapping[str, Sequence[str]] | Sequence[str] | None):
@@ -254,6 +225,27 @@ def _methods_per_mode(modes: Sequence[str], methods: Mapping[str, Sequence[str]]
     return per_mode
 
 
+def _run_prompts(runner: _Runner, items, names, mode: str, max_new_tokens: int, seed: int, bar, workload: str):
+    """Runs every method of `names` on every prompt of `items`, back to back per prompt in an order rotated from
+    prompt to prompt (A/B/A/B interleaving). Greedy runs are compared with plain `generate`'s output
+    (`identical_to_plain`). Returns `{method: [run per prompt]}`."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    for index, prompt in enumerate(items):
+        input_ids = torch.tensor([prompt["input_ids"]], device=runner.device)
+        shift = index % len(names)
+        for method in names[shift:] + names[:shift]:
+            bar.set_postfix_str(f"{workload} {mode} {prompt['name']} ({input_ids.shape[1]} tokens) {method}")
+            run = runner.run(input_ids, method, mode, max_new_tokens, seed + index if mode == "sampled" else None)
+            run.update(prompt=prompt["name"], prompt_tokens=input_ids.shape[1])
+            runs[method].append(run)
+            bar.update(1)
+        if mode == "greedy":
+            reference = runs["plain"][-1]["new_ids"]
+            for method in names:
+                runs[method][-1]["identical_to_plain"] = runs[method][-1]["new_ids"] == reference
+    return runs
+
+
 def run_speed_benchmark(
     target: PreTrainedModel,
     tokenizer,
@@ -265,6 +257,8 @@ def run_speed_benchmark(
     methods: Mapping[str, Sequence[str]] | Sequence[str] | None = None,
     temperature: float = 1.0,
     prompt_lookup_num_tokens: int = 7,
+    lookup_min_match: int = DEFAULT_LOOKUP_MIN_MATCH,
+    lookup_num_tokens: int = DEFAULT_LOOKUP_NUM_TOKENS,
     ignore_eos: bool = False,
     warmup: bool = True,
     seed: int = 0,
@@ -272,7 +266,7 @@ def run_speed_benchmark(
     drafter_info: Mapping[str, Any] | None = None,
     progress: bool = False,
 ) -> dict[str, Any]:
-    """Plain `generate`, prompt lookup, LongSpark and the full-prefix drafter, side by side on the same prompts.
+    """The plain paths, prompt lookup, LongSpark and the full-prefix drafter, side by side on the same prompts.
 
     Args:
         prompts: `{workload: [prompt, ...]}` or one list (workload `"prompts"`). A prompt is a dict with
@@ -280,13 +274,15 @@ def run_speed_benchmark(
             string, a 1-D tensor or a list of token ids.
         modes: `"greedy"` and/or `"sampled"` (temperature `temperature`, no top-k/top-p).
         methods: per mode (`{"greedy": [...], "sampled": [...]}`) or for every mode, from `METHODS`; default
-            `DEFAULT_METHODS` (the full-prefix baseline greedy only). `"plain"` is always added.
+            `DEFAULT_METHODS` (every method, the full-prefix baseline greedy only). `"plain"` is always added.
+        lookup_min_match / lookup_num_tokens: `longspark_lookup`'s lookup source (`drafting.lookup_settings`).
         ignore_eos: force exactly `max_new_tokens` tokens (`min_new_tokens`) for equal-length runs.
         warmup: run every (mode, method) once, untimed, on the first prompt before measuring.
         seed: sampled runs of prompt `i` start from the RNG seed `seed + i` for every method.
         progress: show a progress bar of the runs on stderr.
 
     Per prompt, the methods run back to back in an order rotated from prompt to prompt (A/B/A/B interleaving).
+    Speedups are over plain `generate` and over the fastest plain path measured (`speed_summary.add_speedups`).
 
     Returns:
         `{"machine", "settings", "drafter", "workloads": {name: {"prompts": [...], mode: {"methods": {method:
@@ -303,15 +299,25 @@ def run_speed_benchmark(
         raise ValueError("No prompts to benchmark.")
     per_mode = _methods_per_mode(modes, methods)
     device = next(target.parameters()).device
-    drafters = {"longspark": drafter, "longspark_whole_blocks": drafter, "longspark_stock_verify": drafter}
+    drafters = {name: drafter for name in DRAFTER_METHODS if name != "full_prefix"}
     if any("full_prefix" in names for names in per_mode.values()):
         drafters["full_prefix"] = full_prefix_drafter or make_full_prefix_drafter(drafter)
     pad_token_id = target.generation_config.pad_token_id
     if pad_token_id is None:
         eos = target.generation_config.eos_token_id
         pad_token_id = eos[0] if isinstance(eos, list) else eos
-    options = dict(drafters=drafters, pad_token_id=pad_token_id, temperature=temperature,
-                   prompt_lookup_num_tokens=prompt_lookup_num_tokens, ignore_eos=ignore_eos)  # fmt: skip
+    longest = max(len(p["input_ids"]) for items in workloads.values() for p in items)
+    runner = _Runner(
+        target=target,
+        device=device,
+        drafters=drafters,
+        drafter_settings=drafter_method_settings(lookup_min_match, lookup_num_tokens),
+        pad_token_id=pad_token_id,
+        temperature=temperature,
+        prompt_lookup_num_tokens=prompt_lookup_num_tokens,
+        ignore_eos=ignore_eos,
+        static_cache_len=longest + max_new_tokens if device.type in AUTO_COMPILE_DEVICES else None,
+    )
 
     num_runs = sum(len(items) * len(per_mode[mode]) for items in workloads.values() for mode in modes)
     num_warmups = sum(len(per_mode[mode]) for mode in modes) if warmup else 0
@@ -322,39 +328,19 @@ def run_speed_benchmark(
         for mode in modes:
             for method in per_mode[mode]:
                 bar.set_postfix_str(f"warm-up {mode} {method}")
-                kwargs = _generate_kwargs(method, mode, max_new_tokens=min(max_new_tokens, 8), **options)
-                _run_once(target, input_ids, method, kwargs, device, seed)
+                runner.run(input_ids, method, mode, min(max_new_tokens, 8), seed)
                 bar.update(1)
 
     report_workloads: dict[str, Any] = {}
     rows = []
     for workload, items in workloads.items():
-        entry: dict[str, Any] = {
-            "prompts": [
-                {**{k: v for k, v in p.items() if k != "input_ids"}, "prompt_tokens": len(p["input_ids"])}
-                for p in items
-            ]
-        }
+        prompts_info = [
+            {**{k: v for k, v in p.items() if k != "input_ids"}, "prompt_tokens": len(p["input_ids"])} for p in items
+        ]
+        entry: dict[str, Any] = {"prompts": prompts_info}
         for mode in modes:
-            names = per_mode[mode]
-            runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-            for index, prompt in enumerate(items):
-                input_ids = torch.tensor([prompt["input_ids"]], device=device)
-                shift = index % len(names)
-                for method in names[shift:] + names[:shift]:
-                    bar.set_postfix_str(f"{workload} {mode} {prompt['name']} ({len(prompt['input_ids'])} tokens) "
-                                        f"{method}")  # fmt: skip
-                    kwargs = _generate_kwargs(method, mode, max_new_tokens=max_new_tokens, **options)
-                    seed_i = seed + index if mode == "sampled" else None
-                    run = _run_once(target, input_ids, method, kwargs, device, seed_i)
-                    run.update(prompt=prompt["name"], prompt_tokens=len(prompt["input_ids"]))
-                    runs[method].append(run)
-                    bar.update(1)
-                if mode == "greedy":
-                    reference = runs["plain"][-1]["new_ids"]
-                    for method in names:
-                        runs[method][-1]["identical_to_plain"] = runs[method][-1]["new_ids"] == reference
-            summaries = {method: summarize_runs(runs[method], method) for method in names}
+            runs = _run_prompts(runner, items, per_mode[mode], mode, max_new_tokens, seed, bar, workload)
+            summaries = {method: summarize_runs(method_runs, method) for method, method_runs in runs.items()}
             add_speedups(summaries)
             rows += [{"workload": workload, "mode": mode, **summary} for summary in summaries.values()]
             for method_runs in runs.values():
@@ -373,6 +359,9 @@ def run_speed_benchmark(
             "methods": per_mode,
             "temperature": temperature,
             "prompt_lookup_num_tokens": prompt_lookup_num_tokens,
+            "lookup_min_match": lookup_min_match,
+            "lookup_num_tokens": lookup_num_tokens,
+            "static_cache_len": runner.static_cache_len or "per call",
             "ignore_eos": ignore_eos,
             "warmup": warmup,
             "seed": seed,
@@ -387,11 +376,15 @@ def run_speed_benchmark(
 
 __all__ = [
     "DEFAULT_METHODS",
+    "DRAFTER_METHODS",
     "METHODS",
     "METHOD_LABELS",
     "MODES",
+    "PLAIN_METHODS",
     "accepted_length",
     "add_speedups",
+    "drafter_method_settings",
+    "drafter_settings",
     "new_tokens_from_round_log",
     "run_speed_benchmark",
     "summarize_runs",

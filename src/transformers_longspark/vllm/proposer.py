@@ -8,14 +8,19 @@
 Per step, vLLM verifies the drafts of the last step, then calls `propose` with each running request's accepted
 tokens. For every request that sampled, the proposer keeps a `LongSparkContextState` keyed by vLLM's request id and
 does what the transformers loop does each round, with the same code (`drafting.py`): fold the request's new KV rows
-into the global summary, take the recent window and the boundary states at the last accepted position; then one
-drafter forward drafts a block for every such request. Only the place the rows come from differs: vLLM's paged KV
-cache (`paged_kv.py`), and hooks on the target's decoder layers for the hidden states.
+into the global summary, take the recent window and the boundary states at the last accepted position; then
+`propose_blocks` proposes for every such request: the lookup source's continuation where the request's suffix occurred
+before (with `lookup_min_match` set in the drafter's generation config, `lookup.py`), else a block drafted by one
+drafter forward shared by those requests. Only the place the rows come from differs: vLLM's paged KV cache
+(`paged_kv.py`), and hooks on the target's decoder layers for the hidden states.
 
 A request's state is created at its first sampled token (after its last prefill chunk: the prompt's rows are all in
 the cache then) and dropped once the request leaves vLLM's batch (finished, preempted, or not scheduled in a step);
-if it comes back, the state is rebuilt from its rows in the cache. Drafts are argmax tokens (vLLM's rejection
-sampler takes custom drafts as one-hot proposals, which is exact under sampling too).
+if it comes back, the state is rebuilt from its rows in the cache. Its lookup index (`SuffixIndex`) lives and dies with
+it: extended each step with the request's tokens since the last (`token_ids_cpu`), rebuilt from its whole history.
+Drafts are argmax tokens or lookup continuations, at most `num_speculative_tokens` of them; vLLM's rejection sampler
+takes custom drafts as one-hot proposals, which is exact under sampling for both (each is a point mass given the
+request's tokens).
 
 vLLM passes this interface neither request ids nor hidden states, so the proposer reads the model runner's batch
 (`input_batch`, `query_start_loc`): the runner is found once, as the caller of `load_model` (see `_find_runner`).
@@ -37,7 +42,8 @@ import torch
 from torch import nn
 
 from ..context_state import DraftContext, LongSparkContextState, stack_contexts
-from ..drafting import draft_tokens, drafting_thresholds, read_draft_context
+from ..drafting import drafting_thresholds, max_proposal_tokens, new_lookup, propose_blocks, read_draft_context
+from ..lookup import SuffixIndex
 from ..modeling_longspark import LongSparkDrafterModel
 from ..targets import TargetModules, check_target_compatible, sliding_window_layers
 from .paged_kv import PagedRequestRows
@@ -45,7 +51,8 @@ from .paged_kv import PagedRequestRows
 DRAFTER_ENV = "LONGSPARK_DRAFTER"
 """Environment variable naming the drafter folder (vLLM's `speculative_config.model` holds the class path)."""
 DRAFT_LOG_ENV = "LONGSPARK_VLLM_DRAFT_LOG"
-"""Optional: a JSONL file that receives one line per drafting round (request id, cache rows, anchor, drafts)."""
+"""Optional: a JSONL file that receives one line per drafting round (request id, cache rows, anchor, drafts, their
+source: `"drafter"` or `"lookup"`, and whether the request's state was (re)built)."""
 RUNNER_SEARCH_DEPTH = 8
 """How many frames above `load_model` are searched for the model runner (vLLM calls it from the runner's own
 `load_model`, one frame up; the rest leaves room for decorators and wrappers)."""
@@ -55,7 +62,8 @@ RUNNER_SEARCH_DEPTH = 8
 class ProposerStats:
     """Counters of one proposer (one vLLM worker)."""
 
-    rounds: int = 0
+    rounds: int = 0  # per request: one proposal each
+    lookup_rounds: int = 0  # of which the lookup source's continuation
     drafted_tokens: int = 0
     states_built: int = 0
     seconds: float = 0.0
@@ -73,8 +81,10 @@ class LongSparkProposer:
     """A vLLM `custom_class` proposer that drafts with a LongSpark drafter (one block per request and step).
 
     Args:
-        vllm_config: vLLM's config. The drafter folder comes from the `LONGSPARK_DRAFTER` environment variable; the
-            block length is `speculative_config.num_speculative_tokens`, at most the drafter's `block_size`.
+        vllm_config: vLLM's config. The drafter folder comes from the `LONGSPARK_DRAFTER` environment variable. At
+            most `speculative_config.num_speculative_tokens` tokens are proposed per request and step (vLLM verifies
+            no more): drafted blocks of at most the drafter's `block_size`, lookup continuations of at most
+            `lookup_num_tokens` (`max_proposal_tokens`).
     """
 
     def __init__(self, vllm_config: Any):
@@ -92,19 +102,31 @@ class LongSparkProposer:
         target = _ConfigOnly(self.hf_config, str(model_config.model))
         check_target_compatible(config, target, drafter_name=path)
         self.num_tokens = int(vllm_config.speculative_config.num_speculative_tokens)
-        if not 1 <= self.num_tokens <= config.block_size:
+        longest = max_proposal_tokens(self.drafter)
+        if not 1 <= self.num_tokens <= longest:
             raise ValueError(
-                f"num_speculative_tokens={self.num_tokens}, but the LongSpark drafter at {path} drafts blocks of at "
-                f"most {config.block_size} tokens; use 1 <= num_speculative_tokens <= {config.block_size}."
+                f"num_speculative_tokens={self.num_tokens}, but the LongSpark drafter at {path} proposes at most "
+                f"{longest} tokens (blocks of {config.block_size}, and its lookup continuations); use 1 <= "
+                f"num_speculative_tokens <= {longest}."
             )
         _check_eager(vllm_config)
         _check_single_worker(vllm_config.parallel_config)
         self.vllm_config = vllm_config
         self.layer_ids = list(config.target_layer_ids)
         _check_full_attention(self.hf_config, self.layer_ids)
-        self.token_threshold, self.block_threshold = drafting_thresholds(self.drafter)
         self.eos_token_ids = eos_token_ids(model_config)
+        token_threshold, block_threshold = drafting_thresholds(self.drafter)
+        self.draft_kwargs = dict(
+            logits_processor=None,
+            do_sample=False,
+            confidence_threshold=token_threshold,
+            eos_token_ids=self.eos_token_ids,
+            block_confidence_threshold=block_threshold,
+        )
         self.states: dict[str, LongSparkContextState] = {}
+        # With lookup on (`lookup_min_match`): each request's lookup index, kept, dropped and rebuilt with its state.
+        self.lookups: dict[str, SuffixIndex] = {}
+        self.lookup_on = new_lookup(self.drafter) is not None
         self.hidden_states: list[torch.Tensor | None] = [None] * len(self.layer_ids)
         self.runner = None
         self.stats = ProposerStats()
@@ -146,6 +168,7 @@ class LongSparkProposer:
         request_ids = list(batch.req_ids[: len(sampled_token_ids)])
         for request_id in set(self.states) - set(request_ids):  # finished, preempted or not scheduled
             del self.states[request_id]
+            self.lookups.pop(request_id, None)
         query_start = self.runner.query_start_loc.np
         kv_caches, block_table = self._kv_caches(), _single_block_table(batch.block_table)
         drafting = [i for i in range(len(request_ids)) if sampled_token_ids[i]]  # the others are still in prefill
@@ -157,50 +180,63 @@ class LongSparkProposer:
             block_ids = block_table.block_table.np[i, : block_table.num_blocks_per_row[i]]
             rows = PagedRequestRows(kv_caches, block_ids, num_rows, self.dtype)
             context, new_state = self._context(request_ids[i], rows, boundary_row)
+            if self.lookup_on:
+                lookup = self.lookups[request_ids[i]]
+                lookup.extend(token_ids_cpu[i, len(lookup) : num_rows + 1].tolist())  # up to the anchor
             contexts.append(context)
             anchors.append(int(token_ids_cpu[i, num_rows]))
             lengths.append(num_rows)
             built.append(new_state)
         drafts: list[list[int]] = [[] for _ in request_ids]
         if drafting:
-            blocks = self._draft_blocks(stack_contexts(contexts), anchors)
-            for i, block, anchor, num_rows, new_state in zip(drafting, blocks, anchors, lengths, built):
-                drafts[i] = block
-                self._log(request_ids[i], num_rows, anchor, block, new_state)
+            lookups = [self.lookups[request_ids[i]] for i in drafting] if self.lookup_on else None
+            blocks, from_lookup = self._propose(stack_contexts(contexts), anchors, lookups)
+            for r, i in enumerate(drafting):
+                drafts[i] = blocks[r]
+                source = "lookup" if from_lookup[r] else "drafter"
+                self._log(request_ids[i], lengths[r], anchors[r], blocks[r], source, built[r])
         self.stats.seconds += time.perf_counter() - start
         return drafts
 
     def _context(self, request_id: str, rows: PagedRequestRows, boundary_row: int) -> tuple[DraftContext, bool]:
         """This round's context of one request whose cache holds `rows` (its boundary is row `boundary_row` of the
-        step's forward), and whether its state was (re)built."""
+        step's forward), and whether its state was (re)built (its lookup index then starts empty)."""
         config = self.drafter.config
         state = self.states.get(request_id)
         built = state is None or state.num_absorbed > rows.num_rows
         if built:
             state = self.states[request_id] = LongSparkContextState(config.num_draft_layers, config.summary_chunk_size)
+            if self.lookup_on:
+                self.lookups[request_id] = new_lookup(self.drafter)
             self.stats.states_built += 1
         state.boundary_states = torch.cat([h[boundary_row] for h in self.hidden_states])[None].to(self.dtype)
         return read_draft_context(self.drafter, state, rows, rows.num_rows), built
 
-    def _draft_blocks(self, context: DraftContext, anchors: list[int]) -> list[list[int]]:
-        """One drafter forward for every request: a block after each anchor."""
+    def _propose(
+        self, context: DraftContext, anchors: list[int], lookups: list[SuffixIndex] | None
+    ) -> tuple[list[list[int]], list[bool]]:
+        """Each request's proposal after its anchor (`propose_blocks`: one drafter forward for the requests that do
+        not take a lookup continuation), and whether it came from lookup.
+
+        Each lookup index already holds its request's tokens up to the anchor, the only column of `sequences` before
+        the drafts, so `propose_blocks` adds nothing to it."""
         n = len(anchors)
         sequences = torch.tensor([[anchor] + [0] * self.num_tokens for anchor in anchors])
         rows, ones = torch.arange(n), torch.ones(n, dtype=torch.long)
-        tokens, _, num_drafted = draft_tokens(
-            self.drafter, context, sequences, rows, ones, ones * self.num_tokens, None, False,
-            self.token_threshold, self.eos_token_ids, self.block_threshold,
-        )  # fmt: skip
+        tokens, _, num_drafted, from_lookup = propose_blocks(
+            self.drafter, context, sequences, rows, ones, ones * self.num_tokens, lookups, self.draft_kwargs
+        )
         blocks = [tokens[r, : int(num_drafted[r])].tolist() for r in range(n)]
         self.stats.rounds += n
+        self.stats.lookup_rounds += int(from_lookup.sum())
         self.stats.drafted_tokens += sum(map(len, blocks))
-        return blocks
+        return blocks, from_lookup.tolist()
 
-    def _log(self, request_id: str, num_rows: int, anchor: int, drafts: list[int], built: bool) -> None:
+    def _log(self, request_id: str, num_rows: int, anchor: int, drafts: list[int], source: str, built: bool) -> None:
         if self.draft_log:
             with open(self.draft_log, "a") as log:
                 log.write(json.dumps({"request_id": request_id, "num_rows": num_rows, "anchor": anchor,
-                                      "drafts": drafts, "state_built": built}) + "\n")  # fmt: skip
+                                      "drafts": drafts, "source": source, "state_built": built}) + "\n")  # fmt: skip
 
     def _kv_caches(self) -> dict[int, tuple[torch.Tensor, str]]:
         """Target layer index -> (its KV-cache tensor, layout), read at each step (vLLM binds caches after load).
