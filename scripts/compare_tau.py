@@ -48,7 +48,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.num_threads)
 
-    from transformers_longspark import LongSparkDrafterModel
+    from transformers_longspark import DraftingStats, LongSparkDrafterModel
     from transformers_longspark.benchmarks.prompts import long_context_prompts, short_prompts
     from transformers_longspark.loading import load_smollm2
 
@@ -66,20 +66,16 @@ def main() -> None:
     results = {}
     for workload, prompts in workloads.items():
         for name, drafter in drafters.items():
-            new_tokens = rounds = 0
-            histogram: list[int] = []
-            outputs = []
+            new_tokens, total, outputs = 0, DraftingStats(), []
             for prompt in prompts:
                 ids = torch.tensor([prompt["input_ids"]])
                 out = target.generate(ids, max_new_tokens=args.max_new_tokens, do_sample=False, assistant_model=drafter)
                 outputs.append(out[0, ids.shape[1] :].tolist())
-                stats = drafter.drafting_stats
                 new_tokens += out.shape[1] - ids.shape[1] - 1
-                rounds += stats.rounds
-                histogram += [0] * (len(stats.accepted_histogram) - len(histogram))
-                histogram = [h + c for h, c in zip(histogram, stats.accepted_histogram + [0] * len(histogram))]
-            total = sum(histogram)
-            acceptance = [sum(histogram[k:]) / total for k in range(1, len(histogram))]
+                total.rounds += drafter.drafting_stats.rounds
+                histogram = drafter.drafting_stats.accepted_histogram
+                total.record_accepted([k for k, count in enumerate(histogram) for _ in range(count)])
+            rounds, acceptance = total.rounds, total.acceptance_rates()
             results.setdefault(workload, {})[name] = {"tau": new_tokens / rounds, "acceptance": acceptance,
                                                       "outputs": outputs}  # fmt: skip
             print(f"{workload:6s} {name:16s} tau {new_tokens / rounds:.3f}  acceptance "

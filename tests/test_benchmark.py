@@ -31,7 +31,7 @@ from transformers_longspark.benchmarks import (
     summarize_runs,
 )
 from transformers_longspark.benchmarks.speed import drafter_settings
-from transformers_longspark.generation import DraftingStats
+from transformers_longspark.drafting import DraftingStats
 from transformers_longspark.verification import ATTENTION_NAME, ReservedDynamicLayer, grouped_verification_attention
 
 SUMMARY_FIELDS = {

@@ -39,6 +39,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 
 from .context_state import LongSparkContextState, gather_columns, last_real_columns
 from .drafting import (
+    DraftingStats,
     drafting_thresholds,
     max_proposal_tokens,
     new_lookup,
@@ -46,7 +47,6 @@ from .drafting import (
     propose_blocks,
     read_draft_context,
 )
-from .generation import DraftingStats
 from .lookup import SuffixIndex
 from .modeling_longspark import LongSparkDrafterModel
 from .targets import HiddenStateCapture, check_sliding_window, check_target_compatible, sliding_window_layers

@@ -16,7 +16,6 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -28,44 +27,17 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.utils import GenerationMixin
 
 from .context_state import DraftContext, LongSparkContextState
-from .drafting import drafting_thresholds, max_proposal_tokens, new_lookup, propose_blocks, read_draft_context
+from .drafting import (
+    DraftingStats,
+    drafting_thresholds,
+    max_proposal_tokens,
+    new_lookup,
+    propose_blocks,
+    read_draft_context,
+)
 from .modeling_longspark import LongSparkDrafterModel
 from .targets import HiddenStateCapture, check_sliding_window, check_target_compatible
 from .verification import fast_verification
-
-
-@dataclass
-class DraftingStats:
-    """Per-`generate` counters, kept on `drafter.drafting_stats` after each call.
-
-    `tau = (new tokens - 1) / verification rounds`: the prefill forward yields the first token, then each round
-    adds the accepted draft tokens plus one. In a batch (`batched.py`), `rounds` counts each sequence's rounds (a
-    forward over `n` unfinished sequences adds `n`), so `tau = (new tokens - batch size) / rounds`, and
-    `batch_rounds` counts the batched forwards.
-    """
-
-    rounds: int = 0
-    batch_rounds: int = 0
-    drafted_tokens: int = 0
-    lookup_rounds: int = 0  # rounds that proposed the lookup source's continuation instead of a drafted block
-    # accepted_histogram[k]: rounds that accepted exactly k drafts (per-position acceptance: `acceptance_rates()`).
-    accepted_histogram: list[int] = field(default_factory=list)
-    proposal_seconds: float = 0.0
-    context_update_seconds: float = 0.0
-    context_state_bytes: int = 0
-
-    def record_accepted(self, counts: list[int]) -> None:
-        """Adds rounds that accepted `counts[r]` drafts each."""
-        for count in counts:
-            if count >= len(self.accepted_histogram):
-                self.accepted_histogram.extend([0] * (count + 1 - len(self.accepted_histogram)))
-            self.accepted_histogram[count] += 1
-
-    def acceptance_rates(self) -> list[float]:
-        """`[P(draft 1 accepted), P(drafts 1-2 accepted), ...]` over the verified rounds."""
-        histogram = self.accepted_histogram
-        total = sum(histogram)
-        return [sum(histogram[k:]) / total for k in range(1, len(histogram))] if total else []
 
 
 class LongSparkCandidateGenerator(CandidateGenerator):
