@@ -106,7 +106,8 @@ MUTATIONS = [
              "dtype=torch.bool, device=query.device).triu_(1)", "dtype=torch.bool, device=query.device).triu_(2)",
              VERIFICATION),
     Mutation("plain forwards of other threads take the fast path", "verification.py",
-             "or unsupported or float_mask or not _thread.depth:", "or unsupported or float_mask:", RELIABILITY),
+             "attention = grouped_verification_attention if _thread.depth else sdpa_attention_forward",
+             "attention = grouped_verification_attention", RELIABILITY),
     Mutation("capture hooks record other threads' forwards", "targets.py",
              "if threading.get_ident() != owner:", "if threading.get_ident() == -1:", RELIABILITY),
     # The network (training and inference alike: only golden logits see it).

@@ -67,7 +67,7 @@ def grouped_verification_attention(
     num_kv_heads, num_keys = key.shape[1], key.shape[2]
     unsupported = dropout > 0.0 or kwargs.get("position_bias") is not None or kwargs.get("s_aux") is not None
     float_mask = attention_mask is not None and attention_mask.dtype != torch.bool
-    if num_queries > MAX_FOLDED_QUERIES or unsupported or float_mask or not _thread.depth:
+    if num_queries > MAX_FOLDED_QUERIES or unsupported or float_mask:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)  # fmt: skip
     groups = num_heads // num_kv_heads
@@ -101,7 +101,14 @@ _thread = _ThreadState()
 _switched: dict[int, tuple[str, int]] = {}
 _switch_lock = threading.Lock()
 
-AttentionInterface.register(ATTENTION_NAME, grouped_verification_attention)
+def _this_threads_attention(module: torch.nn.Module, *args, **kwargs) -> tuple[torch.Tensor, None]:
+    """What the switched name runs: the grouped kernel inside this thread's `fast_verification`, stock `sdpa` for a
+    forward from any other thread (which sees the switched config of a shared target)."""
+    attention = grouped_verification_attention if _thread.depth else sdpa_attention_forward
+    return attention(module, *args, **kwargs)
+
+
+AttentionInterface.register(ATTENTION_NAME, _this_threads_attention)
 AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
 
 
