@@ -276,3 +276,18 @@ def test_sample_anchors_draws_distinct_sorted_anchors_over_the_whole_range():
         assert len(anchors) == 8 and anchors.unique().tolist() == anchors.tolist()  # distinct and sorted
         assert int(anchors.min()) >= 10 and int(anchors.max()) <= 38
     assert {int(t) for anchors in drawn for t in anchors} == set(range(10, 39))  # every anchor can be drawn
+
+
+def test_summary_values_of_the_training_batch_carry_the_summary_queries_gradient(tmp_path):
+    """The summary queries `U` reach the loss twice: as attention keys and through the summary values
+    `softmax(U K^T) V`. A `detach` on the second path still leaves `U` a gradient (from the first), so the check
+    that every tensor gets one cannot see it; each summary view must be differentiable in `U` itself."""
+    target = make_bigram_target("llama", vocab_size=64, temperature=0.05)
+    drafter = Trainer(tiny_config(tmp_path), target=target).drafter
+    sequence = Sequence(torch.tensor([1, 2, 3, 9, 4, 7, 7, 1, 30, 2, 5, 6, 8, 8, 3]), 3)
+    batch = teacher_forced_batch(target, drafter, sequence, torch.arange(3, 14))
+    assert batch.context.summary_values
+    for values in batch.context.summary_values:
+        assert values.requires_grad
+        (gradient,) = torch.autograd.grad(values.square().sum(), drafter.summary_queries, retain_graph=True)
+        assert gradient.abs().sum() > 0
