@@ -34,12 +34,14 @@ MAX_REQS, MAX_LEN = 6, 64  # the runner's preallocated batch rows and token colu
 NUM_SPECULATIVE = 4
 
 
-def fake_vllm_config(hf_config, tensor_parallel=1, pipeline_parallel=1, mode=0, generation_config=None):
+def fake_vllm_config(
+    hf_config, tensor_parallel=1, pipeline_parallel=1, mode=0, generation_config=None, num_speculative=NUM_SPECULATIVE
+):
     """The attributes of vLLM's `VllmConfig` that the proposer reads (KV caches are bound later, as in vLLM)."""
     return SimpleNamespace(
         model_config=SimpleNamespace(hf_config=hf_config, dtype=torch.float32, model="target",
                                      try_get_generation_config=lambda: dict(generation_config or {})),
-        speculative_config=SimpleNamespace(num_speculative_tokens=NUM_SPECULATIVE),
+        speculative_config=SimpleNamespace(num_speculative_tokens=num_speculative),
         compilation_config=SimpleNamespace(mode=mode, static_forward_context={}),
         parallel_config=SimpleNamespace(tensor_parallel_size=tensor_parallel, pipeline_parallel_size=pipeline_parallel),
     )  # fmt: skip
@@ -200,13 +202,14 @@ def make_served(tmp_path, monkeypatch, **generation_config) -> SimpleNamespace:
     runner = FakeRunner(proposer, target)
     runner.load_model()
     blocks = torch.randperm(NUM_BLOCKS, generator=torch.Generator().manual_seed(3)).tolist()
-    tokens = [torch.randint(config.vocab_size, (MAX_LEN,), generator=torch.Generator().manual_seed(10 + n)).tolist()
-              for n in range(6)]  # fmt: skip
+    seeds = [torch.Generator().manual_seed(10 + n) for n in range(6)]
+    tokens = [torch.randint(config.vocab_size, (MAX_LEN,), generator=seed).tolist() for seed in seeds]
     tokens[4] = tokens[4][:24] + [tokens[4][10 + k % 14] for k in range(MAX_LEN - 24)]
     tokens[5] = [tokens[5][k % 6] for k in range(MAX_LEN)]
     requests = {name: Request(f"req-{name}", tokens[n], blocks[4 * n : 4 * n + 4]) for n, name in enumerate("abcdef")}
-    return SimpleNamespace(target=target, drafter=drafter, proposer=proposer, runner=runner, requests=requests,
-                           log=tmp_path / "drafts.jsonl")  # fmt: skip
+    served = SimpleNamespace(target=target, drafter=drafter, proposer=proposer, runner=runner, requests=requests)
+    served.log = tmp_path / "drafts.jsonl"
+    return served
 
 
 @pytest.fixture
@@ -249,8 +252,8 @@ def test_lookup_and_drafted_proposals_equal_the_transformers_path(tmp_path, monk
     """With lookup on (`lookup_min_match=2`, continuations of up to 6 tokens, cut to the 4 vLLM verifies): requests
     whose suffix occurred before take the lookup continuation, the others a drafted block, both in one step; a
     request switches from drafting to lookup once its text repeats; one leaves and comes back (state and index
-    rebuilt from its whole history). Each request's proposal and its source equal the transformers path's, and the
-    draft log names the source of each round."""
+    rebuilt from its whole history); one's rows go back. Each request's proposal and its source equal the
+    transformers path's, and the draft log names the source of each round."""
     served = make_served(tmp_path, monkeypatch, lookup_min_match=2, lookup_num_tokens=6)
     a, b, e, f = (served.requests[name] for name in "abef")
     rounds = run_steps(served, [
@@ -258,13 +261,16 @@ def test_lookup_and_drafted_proposals_equal_the_transformers_path(tmp_path, monk
         [Scheduled(a, 23, 5, 26), Scheduled(e, 22, 5, 27), Scheduled(b, 0, 30, 30)],  # e repeats; f leaves
         [Scheduled(f, 0, 33, 33), Scheduled(e, 27, 5, 31), Scheduled(a, 26, 5, 27)],  # f back: rebuilt
     ])  # fmt: skip
+    # e's rows go back (its state has absorbed more than its cache now holds): state and index are rebuilt; b is back.
+    e.state = e.lookup = None
+    rounds += run_steps(served, [[Scheduled(e, 20, 5, 24), Scheduled(b, 30, 5, 32)]])
     sources = [r.from_lookup for r in rounds]
-    assert sources == [False, False, True, False, True, False, True, True, False]
-    assert served.proposer.stats.lookup_rounds == 4 and served.proposer.stats.states_built == 5
+    assert sources == [False, False, True, False, True, False, True, True, False, True, False]
+    assert served.proposer.stats.lookup_rounds == 5 and served.proposer.stats.states_built == 7
     log = [json.loads(line) for line in served.log.read_text().splitlines()]
     assert [entry["source"] == "lookup" for entry in log] == sources
-    assert [entry["request_id"] for entry in log if entry["state_built"]] == ["req-e", "req-a", "req-f", "req-b",
-                                                                               "req-f"]  # fmt: skip
+    built = [entry["request_id"][4:] for entry in log if entry["state_built"]]
+    assert built == ["e", "a", "f", "b", "f", "e", "b"]
 
 
 def test_boundary_row_outside_the_request_slice_is_refused(served):
@@ -363,3 +369,16 @@ def test_eos_ids_come_from_the_generation_config_and_the_model_config(saved_draf
     assert eos_token_ids(model_config(None, None)) is None
     proposer = LongSparkProposer(fake_vllm_config(saved_drafter.config, generation_config={"eos_token_id": [11, 12]}))
     assert proposer.eos_token_ids.tolist() == [11, 12]  # the target's config names none (make_target)
+
+
+def test_lookup_continuations_may_be_longer_than_drafted_blocks(tmp_path, monkeypatch):
+    """vLLM verifies up to `num_speculative_tokens` per step: with lookup on, up to the longer of the block size (4)
+    and `lookup_num_tokens` (6); more is refused, naming the limit."""
+    target = make_target("qwen3")
+    drafter = make_drafter(target)
+    drafter.generation_config.lookup_min_match, drafter.generation_config.lookup_num_tokens = 2, 6
+    drafter.save_pretrained(tmp_path)
+    monkeypatch.setenv(DRAFTER_ENV, str(tmp_path))
+    assert LongSparkProposer(fake_vllm_config(target.config, num_speculative=6)).num_tokens == 6
+    with pytest.raises(ValueError, match=r"num_speculative_tokens=7, .* proposes at most 6 tokens \(blocks of 4"):
+        LongSparkProposer(fake_vllm_config(target.config, num_speculative=7))

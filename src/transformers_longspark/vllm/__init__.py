@@ -4,6 +4,7 @@
 with the package's own drafter network and context-state math, reading the target's KV rows from vLLM's paged cache.
 """
 
+from .cpu_sampling import fix_cpu_expand
 from .paged_kv import SUPPORTED_LAYOUTS, PagedRequestRows, unpack_blocks
 from .proposer import DRAFT_LOG_ENV, DRAFTER_ENV, LongSparkProposer, ProposerStats
 
@@ -14,5 +15,6 @@ __all__ = [
     "LongSparkProposer",
     "PagedRequestRows",
     "ProposerStats",
+    "fix_cpu_expand",
     "unpack_blocks",
 ]

@@ -4,8 +4,9 @@ vLLM's CPU attention backend keeps, per layer, a `(num_blocks, num_kv_heads, blo
 each (block, KV head) the first `block_size * head_dim` elements hold the block's keys and the next as many its
 values, in a layout that depends on the kernel the backend chose for the layer (`attention_layer.isa`):
 
-- `"vec"` / `"vec16"` (float32, float16, and bfloat16 without AMX): keys dimension-major `[head_dim, block_size]`,
-  values row-major `[block_size, head_dim]`.
+- `"vec"` (float32, float16, and bfloat16 without AMX) and `"vec16"` (what vLLM picks instead for block sizes that
+  are not a multiple of 32, or head sizes that are a multiple of 16 but not of 32): keys dimension-major
+  `[head_dim, block_size]`, values row-major `[block_size, head_dim]`.
 - `"amx"` (bfloat16 with AMX tiles): both packed in pairs for the tile kernels: key `[t, d]` of a block at
   `[t // 16, d // 2, t % 16, d % 2]` of a `(block_size / 16, head_dim / 2, 16, 2)` view, value `[t, d]` at
   `[d // 16, t // 2, d % 16, t % 2]` of a `(head_dim / 16, block_size / 2, 16, 2)` view.

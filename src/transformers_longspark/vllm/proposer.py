@@ -20,7 +20,8 @@ if it comes back, the state is rebuilt from its rows in the cache. Its lookup in
 it: extended each step with the request's tokens since the last (`token_ids_cpu`), rebuilt from its whole history.
 Drafts are argmax tokens or lookup continuations, at most `num_speculative_tokens` of them; vLLM's rejection sampler
 takes custom drafts as one-hot proposals, which is exact under sampling for both (each is a point mass given the
-request's tokens).
+request's tokens). On vLLM's CPU backend, sampling with drafts needs `cpu_sampling.fix_cpu_expand`, which the proposer
+installs in the engine's worker.
 
 vLLM passes this interface neither request ids nor hidden states, so the proposer reads the model runner's batch
 (`input_batch`, `query_start_loc`): the runner is found once, as the caller of `load_model` (see `_find_runner`).
@@ -46,13 +47,14 @@ from ..drafting import drafting_thresholds, max_proposal_tokens, new_lookup, pro
 from ..lookup import SuffixIndex
 from ..modeling_longspark import LongSparkDrafterModel
 from ..targets import TargetModules, check_target_compatible, sliding_window_layers
+from .cpu_sampling import fix_cpu_expand
 from .paged_kv import PagedRequestRows
 
 DRAFTER_ENV = "LONGSPARK_DRAFTER"
 """Environment variable naming the drafter folder (vLLM's `speculative_config.model` holds the class path)."""
 DRAFT_LOG_ENV = "LONGSPARK_VLLM_DRAFT_LOG"
-"""Optional: a JSONL file that receives one line per drafting round (request id, cache rows, anchor, drafts, their
-source: `"drafter"` or `"lookup"`, and whether the request's state was (re)built)."""
+"""Optional: a JSONL file that receives one line per request and drafting round: its request id and place in vLLM's
+batch, cache rows, anchor, drafts, their source (`"drafter"` or `"lookup"`), and whether its state was (re)built."""
 RUNNER_SEARCH_DEPTH = 8
 """How many frames above `load_model` are searched for the model runner (vLLM calls it from the runner's own
 `load_model`, one frame up; the rest leaves room for decorators and wrappers)."""
@@ -131,6 +133,7 @@ class LongSparkProposer:
         self.runner = None
         self.stats = ProposerStats()
         self.draft_log = os.environ.get(DRAFT_LOG_ENV)
+        fix_cpu_expand()  # else vLLM's CPU sampler verifies sampled drafts against garbage logits (cpu_sampling.py)
 
     def load_model(self, target_model: nn.Module) -> None:
         """Called by vLLM's model runner with the loaded target: finds that runner (`_find_runner`), binds the drafter
@@ -193,8 +196,8 @@ class LongSparkProposer:
             blocks, from_lookup = self._propose(stack_contexts(contexts), anchors, lookups)
             for r, i in enumerate(drafting):
                 drafts[i] = blocks[r]
-                source = "lookup" if from_lookup[r] else "drafter"
-                self._log(request_ids[i], lengths[r], anchors[r], blocks[r], source, built[r])
+                entry = dict(request_id=request_ids[i], batch_index=i, num_rows=lengths[r], anchor=anchors[r])
+                self._log(**entry, drafts=blocks[r], source="lookup" if from_lookup[r] else "drafter", built=built[r])
         self.stats.seconds += time.perf_counter() - start
         return drafts
 
@@ -232,11 +235,10 @@ class LongSparkProposer:
         self.stats.drafted_tokens += sum(map(len, blocks))
         return blocks, from_lookup.tolist()
 
-    def _log(self, request_id: str, num_rows: int, anchor: int, drafts: list[int], source: str, built: bool) -> None:
+    def _log(self, built: bool, **entry: Any) -> None:
         if self.draft_log:
             with open(self.draft_log, "a") as log:
-                log.write(json.dumps({"request_id": request_id, "num_rows": num_rows, "anchor": anchor,
-                                      "drafts": drafts, "source": source, "state_built": built}) + "\n")  # fmt: skip
+                log.write(json.dumps({**entry, "state_built": built}) + "\n")
 
     def _kv_caches(self) -> dict[int, tuple[torch.Tensor, str]]:
         """Target layer index -> (its KV-cache tensor, layout), read at each step (vLLM binds caches after load).

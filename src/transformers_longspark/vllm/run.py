@@ -4,11 +4,17 @@
         --prompts prompts.json --out result.json [--dtype float32] [--max-tokens 64] [--rounds single concurrent]
 
 `prompts.json` is a list of token-id lists. Each round runs every prompt, `single` one request at a time, `concurrent`
-all at once; greedy unless `--temperature` is set. The result holds each round's output token ids, its wall time
-and generated tokens, vLLM's speculative-decoding counters (drafts, draft tokens, accepted tokens: `tau = 1 +
-accepted / drafts`), each position's top logprobs with `--logprobs N`, and, for LongSpark, the proposer's per-round
-log (see `LONGSPARK_VLLM_DRAFT_LOG`). The tests and `examples/serve_vllm.py` drive it; it runs in the environment
-where vLLM is installed (`scripts/install_vllm.sh`).
+all at once, each for `--max-tokens` tokens (one value, or one per prompt); greedy unless `--temperature` is set.
+The result holds each round's output token ids, its wall time and generated tokens, vLLM's speculative-decoding
+counters (drafts, draft tokens, accepted tokens: `tau = 1 + accepted / drafts`), each position's top logprobs with
+`--logprobs N`, and, for LongSpark, the proposer's per-round log (see `LONGSPARK_VLLM_DRAFT_LOG`).
+
+With `--sampled-prompts FILE --samples N`, a last round samples, at each of `--sample-temperatures`, `N` requests of
+each of those prompts at once (`--sample-tokens` tokens each, drawn from the engine's generator, seeded with `--seed`):
+the result's `sampled[temperature]` holds, per prompt, the `N` outputs (for tests of the output law).
+
+The tests and `examples/serve_vllm.py` drive it; it runs in the environment where vLLM is installed
+(`scripts/install_vllm.sh`).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .cpu_sampling import fix_cpu_expand
 from .proposer import DRAFT_LOG_ENV, DRAFTER_ENV
 
 # vLLM's CPU backend otherwise reserves `gpu_memory_utilization` (default 0.92) of a memory node's RAM at start-up and
@@ -64,23 +71,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         log = Path(tempfile.mkdtemp()) / "drafts.jsonl"
         os.environ[DRAFT_LOG_ENV] = str(log)
     engine_args = dict(
-        model=args.target, dtype=args.dtype, enforce_eager=True, seed=0, max_model_len=args.max_model_len,
+        model=args.target, dtype=args.dtype, enforce_eager=True, seed=args.seed, max_model_len=args.max_model_len,
         speculative_config=speculative_config(args.method, args.num_speculative_tokens), disable_log_stats=False,
         max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory_bytes=args.kv_cache_bytes,
     )  # fmt: skip
+    fix_cpu_expand()  # for every method (`ngram` too); reaches the engine when it runs in this process
     start = time.perf_counter()
     llm = LLM(**{k: v for k, v in engine_args.items() if v is not None})
     result: dict[str, Any] = {"method": args.method, "dtype": args.dtype, "engine_seconds": time.perf_counter() - start}
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in json.loads(Path(args.prompts).read_text())]
-    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos,
-                            seed=0 if args.temperature else None, logprobs=args.logprobs)  # fmt: skip
+    if len(args.max_tokens) not in (1, len(prompts)):
+        raise ValueError(f"--max-tokens takes one value or one per prompt ({len(prompts)}), got {args.max_tokens}.")
+    max_tokens = args.max_tokens * len(prompts) if len(args.max_tokens) == 1 else args.max_tokens
+    seed = 0 if args.temperature else None
+    options = dict(temperature=args.temperature, ignore_eos=args.ignore_eos, seed=seed, logprobs=args.logprobs)
+    params = [SamplingParams(max_tokens=n, **options) for n in max_tokens]
     llm.generate(prompts[:1], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
     result["rounds"] = {}
     for name in args.rounds:
         before = spec_counters(llm)
         start = time.perf_counter()
         if name == "single":
-            outputs = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]
+            outputs = [llm.generate([p], [q], use_tqdm=False)[0] for p, q in zip(prompts, params)]
         else:
             outputs = llm.generate(prompts, params, use_tqdm=False)
         seconds = time.perf_counter() - start
@@ -95,8 +107,36 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 [sorted(((t, lp.logprob) for t, lp in step.items()), key=lambda x: -x[1])[: args.logprobs]
                  for step in o.outputs[0].logprobs] for o in outputs
             ]  # fmt: skip
+    if args.sampled_prompts:
+        result["sampled"] = sample(llm, args)
     if args.method == "longspark" and log.exists():
         result["draft_log"] = [json.loads(line) for line in log.read_text().splitlines()]
+    return result
+
+
+def sample(llm, args: argparse.Namespace) -> dict[str, Any]:
+    """`--samples` requests of each `--sampled-prompts` prompt at each `--sample-temperatures`, all at once. Returns,
+    per temperature, the outputs per prompt and the request ids (`{"token_ids": [[ids] * N] * prompts, ...}`).
+
+    The requests draw from the engine's generator (seeded with `--seed`), not from seeds of their own: vLLM 0.32's CPU
+    runner fails on seeded requests whose prefill is split into chunks ("CPU Generator does not use offset")."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    sampled_prompts = json.loads(Path(args.sampled_prompts).read_text())
+    jobs = [(temperature, p) for temperature in args.sample_temperatures for p in range(len(sampled_prompts))]
+    prompts, params = [], []
+    for temperature, p in jobs:
+        sampling = SamplingParams(temperature=temperature, max_tokens=args.sample_tokens, ignore_eos=True)
+        prompts += [TokensPrompt(prompt_token_ids=sampled_prompts[p])] * args.samples
+        params += [sampling] * args.samples
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    result: dict[str, Any] = {}
+    for n, (temperature, _) in enumerate(jobs):
+        chunk = outputs[n * args.samples : (n + 1) * args.samples]
+        entry = result.setdefault(str(temperature), {"token_ids": [], "request_ids": []})
+        entry["token_ids"].append([list(o.outputs[0].token_ids) for o in chunk])
+        entry["request_ids"].append([o.request_id for o in chunk])
     return result
 
 
@@ -108,12 +148,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompts", required=True, help="JSON list of token-id lists")
     parser.add_argument("--out", required=True, help="result JSON")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, nargs="+", default=[64], help="one value, or one per prompt")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--ignore-eos", action="store_true")
     parser.add_argument("--logprobs", type=int, help="also record each position's top-N logprobs")
     parser.add_argument("--rounds", nargs="+", default=["concurrent"], choices=["single", "concurrent"])
     parser.add_argument("--num-speculative-tokens", type=int, default=7)
+    parser.add_argument("--seed", type=int, default=0, help="the engine's seed (sampled requests draw from it)")
+    parser.add_argument("--sampled-prompts", help="JSON list of token-id lists for the sampled round")
+    parser.add_argument("--samples", type=int, default=100, help="sampled requests per prompt and temperature")
+    parser.add_argument("--sample-temperatures", type=float, nargs="+", default=[1.0])
+    parser.add_argument("--sample-tokens", type=int, default=3, help="tokens per sampled request")
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--max-num-batched-tokens", type=int, help="prefill chunk budget per step")
     parser.add_argument("--kv-cache-bytes", type=int, default=DEFAULT_KV_CACHE_BYTES,
