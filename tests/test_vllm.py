@@ -8,7 +8,7 @@ proposer's errors are tested everywhere.
 Six engines serve everything (`served`): plain vLLM and LongSpark in fp32 (greedy rounds one request at a time and
 all at once, and a sampled round), in bf16, and with a KV cache too small for their requests (preemption). The fp32
 and preemption engines draft with the shipped drafter with its lookup source on (`lookup_min_match=2`), the bf16
-one with the shipped drafter as it is (lookup off).
+one with the shipped drafter's lookup source off.
 """
 
 from __future__ import annotations
@@ -203,15 +203,20 @@ def sampled_prompt_ids(tokenizer) -> list[list[int]]:
     return [story["input_ids"], tokenizer(code + "def", add_special_tokens=False)["input_ids"]]
 
 
-def lookup_drafter_dir(folder: Path) -> Path:
-    """A copy of the shipped drafter with its lookup source on (`lookup_min_match=2`, continuations of its block
-    size, the tokens vLLM verifies)."""
+def drafter_copy(folder: Path, **settings) -> Path:
+    """A copy of the shipped drafter with `settings` in its generation config."""
     from transformers_longspark.loading import SHIPPED_DRAFTER_DIR
 
     shutil.copytree(SHIPPED_DRAFTER_DIR, folder)
     config = json.loads((folder / "generation_config.json").read_text())
-    (folder / "generation_config.json").write_text(json.dumps({**config, "lookup_min_match": 2}, indent=2))
+    (folder / "generation_config.json").write_text(json.dumps({**config, **settings}, indent=2))
     return folder
+
+
+def lookup_drafter_dir(folder: Path) -> Path:
+    """The shipped drafter with its lookup source matching from 2 tokens (`lookup_min_match=2`), proposing at most
+    the `NUM_SPECULATIVE` tokens vLLM verifies, so that both paths propose the same continuations."""
+    return drafter_copy(folder, lookup_min_match=2, lookup_num_tokens=NUM_SPECULATIVE)
 
 
 def run_vllm(tmp: Path, name: str, **options) -> dict:
@@ -233,7 +238,7 @@ def served(tmp_path_factory):
     pytest.importorskip("gguf")
     if not VLLM_PYTHON.exists():
         pytest.skip(requires_vllm.kwargs["reason"])
-    from transformers_longspark.loading import SHIPPED_DRAFTER_DIR, load_smollm2, smollm2_dir
+    from transformers_longspark.loading import load_smollm2, smollm2_dir
 
     target, tokenizer = load_smollm2()  # also writes the plain safetensors folder vLLM loads
     tmp = tmp_path_factory.mktemp("vllm")
@@ -257,7 +262,7 @@ def served(tmp_path_factory):
                               sample_temperatures=[1.0, CONTROL_TEMPERATURE], **sampled, **longspark, **common),
         "plain_bf16": run_vllm(tmp, "plain_bf16", method="plain", dtype="bfloat16", logprobs=5, **common),
         "longspark_bf16": run_vllm(tmp, "longspark_bf16", dtype="bfloat16", method="longspark",
-                                   drafter=SHIPPED_DRAFTER_DIR, **common),
+                                   drafter=drafter_copy(tmp / "no-lookup", lookup_min_match=0), **common),
         "crowded_plain": run_vllm(tmp, "crowded_plain", method="plain", **crowded_options),
         "crowded": run_vllm(tmp, "crowded", kv_cache_bytes=small_cache, max_model_len=512, **longspark,
                             **crowded_options),
@@ -298,7 +303,7 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 @requires_vllm
 def test_vllm_longspark_bf16_parts_from_plain_vllm_only_at_ties(served):
-    """bf16 serving (the KV cache in the AMX tile layout here), with the shipped drafter as it is (lookup off). The
+    """bf16 serving (the KV cache in the AMX tile layout here), with the shipped drafter, lookup off. The
     proposer only chooses which tokens vLLM verifies, but vLLM's bf16 forward over a verified block and its one-token
     decode step round differently (plain vLLM's own one-at-a-time and all-at-once runs differ too), so greedy outputs
     may part where the target's best tokens are within rounding: bf16 logits between 16 and 32 move in steps of 1/8,
