@@ -23,7 +23,7 @@ import torch
 def fresh_drafter(kind: str, target):
     from transformers_longspark import LongSparkConfig, LongSparkDrafterModel
     from transformers_longspark.loading import SHIPPED_DRAFTER_DIR
-    from transformers_longspark.warm_start import init_from_target, warm_start_config
+    from transformers_longspark.training.warm_start import init_from_target, warm_start_config
 
     shipped = LongSparkConfig.from_pretrained(SHIPPED_DRAFTER_DIR)
     fields = dict(target_layer_ids=shipped.target_layer_ids, markov_rank=shipped.markov_rank)

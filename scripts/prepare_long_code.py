@@ -1,6 +1,6 @@
 """Long-code training and evaluation data: Python standard-library files, tokenized by the target's tokenizer.
 
-Writes the JSONL records that `transformers_longspark.distillation.load_sequences` reads, one record per FILE:
+Writes the JSONL records that `transformers_longspark.training.distillation.load_sequences` reads, one record per FILE:
 `{"id": "<relative path>", "prompt_ids": first --prompt-tokens tokens, "response_ids": the rest, cut so the record
 holds at most --max-tokens tokens}`. The short prompt lets training anchors cover almost the whole file. The raw code
 is the target's own input distribution here (the target continues the file), so no regeneration is needed.
@@ -21,7 +21,7 @@ import json
 import os
 from pathlib import Path
 
-from transformers_longspark.corpora import is_held_out
+from transformers_longspark.training.corpora import is_held_out
 
 
 def stdlib_root() -> Path:

@@ -15,7 +15,7 @@ import torch
 from transformers import GenerationConfig
 
 from transformers_longspark.benchmarks import long_context_prompts, prefill
-from transformers_longspark.generation import LongSparkCandidateGenerator
+from transformers_longspark.inference.generation import LongSparkCandidateGenerator
 from transformers_longspark.loading import load_drafter, load_target
 
 

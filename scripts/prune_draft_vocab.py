@@ -17,10 +17,10 @@ from pathlib import Path
 import torch
 
 from transformers_longspark import LongSparkDrafterModel
-from transformers_longspark.corpora import DataMixture, data_sources
-from transformers_longspark.distillation import Sequence
 from transformers_longspark.loading import load_target
-from transformers_longspark.training import TrainingConfig, most_frequent_tokens
+from transformers_longspark.training.corpora import DataMixture, data_sources
+from transformers_longspark.training.distillation import Sequence
+from transformers_longspark.training.run import TrainingConfig, most_frequent_tokens
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from transformers_longspark.training import TrainingConfig
+from transformers_longspark.training.run import TrainingConfig
 
 VARIANTS = {
     "full": {},

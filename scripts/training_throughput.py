@@ -22,10 +22,9 @@ import torch
 
 def main(argv: list[str] | None = None) -> None:
     from transformers_longspark import LongSparkDrafterModel
-    from transformers_longspark.corpora import DataSource, load_source
-    from transformers_longspark.distillation import sample_anchors, sequence_loss
     from transformers_longspark.loading import SHIPPED_DRAFTER_DIR, load_target
-    from transformers_longspark.training import TrainingConfig
+    from transformers_longspark.training.corpora import DataSource, load_source
+    from transformers_longspark.training.distillation import sample_anchors, sequence_loss
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default="data/corpora/code/train", help="a training-data source (folder or file)")
@@ -46,7 +45,6 @@ def main(argv: list[str] | None = None) -> None:
     drafter.bind_target(target)
     sequences = [s for s in load_source(DataSource(args.data), tokenizer, args.seq_len) if len(s.ids) == args.seq_len]
     sequences = sequences[: args.sequences + 1]
-    config = TrainingConfig(output_dir="unused", train_data=args.data)
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=0.0)  # lr 0: timing only, the weights stay put
 
     def step(variant: str, sequence, anchors: int) -> float:
@@ -55,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
         autocast = torch.autocast("cpu", torch.bfloat16) if variant != "fp32" else contextlib.nullcontext()
         started = time.perf_counter()
         with autocast:
-            loss = sequence_loss(teacher, drafter, sequence, sample_anchors(sequence, anchors, generator), config)
+            loss = sequence_loss(teacher, drafter, sequence, sample_anchors(sequence, anchors, generator))
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()

@@ -17,8 +17,9 @@ from transformers import DynamicCache
 
 from conftest import make_drafter, make_target
 from transformers_longspark.context_state import DraftContext
-from transformers_longspark.distillation import Sequence, load_sequences, sample_anchors, teacher_forced_batch
-from transformers_longspark.generation import LongSparkCandidateGenerator
+from transformers_longspark.inference.generation import LongSparkCandidateGenerator
+from transformers_longspark.training.data import Sequence, load_sequences
+from transformers_longspark.training.distillation import sample_anchors, teacher_forced_batch
 
 WINDOW, BLOCK, VOCAB = 8, 4, 64
 VIEW_TOL = {"rtol": 1e-5, "atol": 1e-5}

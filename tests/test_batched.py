@@ -17,8 +17,9 @@ from transformers import DynamicCache, StaticCache
 from transformers.generation.streamers import BaseStreamer
 
 from conftest import make_bigram_target, make_drafter, make_oracle_drafter, make_target
-from transformers_longspark import batched, benchmarks
+from transformers_longspark import benchmarks
 from transformers_longspark.benchmarks import count_forward_calls, format_batched, run_batched_benchmark
+from transformers_longspark.inference import batched
 from transformers_longspark.targets import HiddenStateCapture
 
 VOCAB, WINDOW, BLOCK = 64, 8, 4

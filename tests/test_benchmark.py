@@ -31,8 +31,12 @@ from transformers_longspark.benchmarks import (
     summarize_runs,
 )
 from transformers_longspark.benchmarks.speed import drafter_settings
-from transformers_longspark.drafting import DraftingStats
-from transformers_longspark.verification import ATTENTION_NAME, ReservedDynamicLayer, grouped_verification_attention
+from transformers_longspark.inference.drafting import DraftingStats
+from transformers_longspark.inference.verification import (
+    ATTENTION_NAME,
+    ReservedDynamicLayer,
+    grouped_verification_attention,
+)
 
 SUMMARY_FIELDS = {
     "method", "tau", "tokens_per_s", "speedup", "ms_per_token", "new_tokens", "seconds", "rounds", "target_forwards",

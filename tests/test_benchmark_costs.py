@@ -32,7 +32,7 @@ from transformers_longspark.benchmarks import (
 )
 from transformers_longspark.benchmarks.drafting_cost import _generators
 from transformers_longspark.benchmarks.lookup_cost import LOOKUP_ROW_FIELDS, lookup_history
-from transformers_longspark.verification import ReservedDynamicLayer
+from transformers_longspark.inference.verification import ReservedDynamicLayer
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -146,7 +146,7 @@ def no_model_loads(monkeypatch):
 
     monkeypatch.setattr("transformers_longspark.loading.load_target", load)
     monkeypatch.setattr("transformers_longspark.loading.load_drafter", load)
-    monkeypatch.setattr("transformers_longspark.data.run_regenerate", load)
+    monkeypatch.setattr("transformers_longspark.training.regenerate.run_regenerate", load)
     monkeypatch.setattr("transformers_longspark.benchmarks.cli.run_memory_benchmark", load)
 
 

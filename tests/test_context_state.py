@@ -10,7 +10,7 @@ from transformers_longspark.context_state import (
     prefix_summaries,
     summarize_rows,
 )
-from transformers_longspark.generation import LongSparkCandidateGenerator
+from transformers_longspark.inference.generation import LongSparkCandidateGenerator
 
 
 def reference_summary(queries, keys, values):
@@ -104,7 +104,7 @@ def test_stacked_contexts_draft_as_each_request_alone(target_kind):
     """`stack_contexts` (the vLLM proposer's one forward for all requests): requests with windows shorter than the
     longest are left-padded and masked, and their logits equal those of a forward over each context alone."""
     from transformers_longspark.context_state import stack_contexts
-    from transformers_longspark.drafting import read_draft_context
+    from transformers_longspark.inference.drafting import read_draft_context
     from transformers_longspark.targets import HiddenStateCapture
 
     target = make_target(target_kind)

@@ -10,7 +10,7 @@ from test_training import tiny_config, write_records
 
 from conftest import make_drafter, make_target
 from transformers_longspark.benchmarks.prompts import long_context_prompts
-from transformers_longspark.corpora import (
+from transformers_longspark.training.corpora import (
     DataMixture,
     DataSource,
     data_sources,
@@ -18,8 +18,9 @@ from transformers_longspark.corpora import (
     load_source,
     pack_documents,
 )
-from transformers_longspark.distillation import Sequence, sample_anchors
-from transformers_longspark.training import Trainer, TrainingConfig, build_drafter
+from transformers_longspark.training.data import Sequence
+from transformers_longspark.training.distillation import sample_anchors
+from transformers_longspark.training.run import Trainer, TrainingConfig, build_drafter
 
 EOS = 0
 

@@ -13,20 +13,21 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from transformers_longspark import data, prompt_sources
-from transformers_longspark.data import (
-    add_regenerate_arguments,
-    read_done_ids,
-    regenerate,
-    run_regenerate,
-    trim_response,
-)
-from transformers_longspark.prompt_sources import (
+from transformers_longspark.cli import add_regenerate_arguments
+from transformers_longspark.training import prompt_sources
+from transformers_longspark.training import regenerate as data
+from transformers_longspark.training.prompt_sources import (
     builtin_prompt_source,
     interleave,
     load_prompts,
     normalize_record,
     split_prompts,
+)
+from transformers_longspark.training.regenerate import (
+    read_done_ids,
+    regenerate,
+    run_regenerate,
+    trim_response,
 )
 
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<|system|>", "<|user|>", "<|assistant|>"]

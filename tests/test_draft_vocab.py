@@ -8,8 +8,9 @@ from transformers import AutoModel
 
 from conftest import make_bigram_target, make_drafter, make_oracle_drafter, make_target
 from transformers_longspark import LongSparkConfig
-from transformers_longspark.distillation import Sequence, teacher_forced_batch
-from transformers_longspark.training import Trainer, most_frequent_tokens
+from transformers_longspark.training.data import Sequence
+from transformers_longspark.training.distillation import teacher_forced_batch
+from transformers_longspark.training.run import Trainer, most_frequent_tokens
 
 BLOCK = 4
 

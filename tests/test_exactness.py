@@ -17,10 +17,10 @@ from test_generation import SAMPLING, chi_square_pvalue, exact_law
 from test_generation import VOCAB as VOCAB_SMALL
 
 from conftest import make_bigram_target, make_oracle_drafter
-from transformers_longspark import drafting
-from transformers_longspark.batched import speculative_sampling
 from transformers_longspark.context_state import DraftContext
-from transformers_longspark.drafting import draft_tokens
+from transformers_longspark.inference import drafting
+from transformers_longspark.inference.batched import speculative_sampling
+from transformers_longspark.inference.drafting import draft_tokens
 
 VOCAB, ANCHOR, DRAWS = 4, 4, 200_000
 Q_FIRST = torch.tensor([0.5, 0.3, 0.15, 0.05])

@@ -230,7 +230,7 @@ def test_ablations_generate_losslessly(ablation):
 def test_confidence_threshold_ends_blocks_early_and_stays_exact(target_kind, threshold, monkeypatch):
     """`assistant_confidence_threshold` drops every drafted token after the first whose draft probability is below
     it: 1.0 leaves one token per round, 0 whole blocks."""
-    from transformers_longspark.generation import LongSparkCandidateGenerator
+    from transformers_longspark.inference.generation import LongSparkCandidateGenerator
 
     rounds = []  # (tokens allowed, draft probabilities of the tokens proposed)
     original = LongSparkCandidateGenerator.propose
@@ -259,7 +259,7 @@ def test_confidence_threshold_ends_blocks_early_and_stays_exact(target_kind, thr
 def test_block_confidence_threshold_cuts_where_the_block_probability_falls(target_kind, threshold, monkeypatch):
     """`block_confidence_threshold` ends a block before the first token (after the first) at which the product of
     the block's draft probabilities falls below it; outputs stay exact."""
-    from transformers_longspark import drafting
+    from transformers_longspark.inference import drafting
 
     blocks = []  # (block probability after each drafted token, tokens kept, tokens drafted)
     original = drafting.draft_tokens
@@ -300,7 +300,7 @@ def test_processors_see_each_drafted_token_while_a_block_is_drafted(batch_size, 
     no exactness test sees it.)"""
     from transformers.generation.logits_process import LogitsProcessor, LogitsProcessorList
 
-    from transformers_longspark import drafting
+    from transformers_longspark.inference import drafting
 
     class Recorder(LogitsProcessor):
         def __call__(self, input_ids, scores):

@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from transformers_longspark.lookup import SuffixIndex, point_mass_logits
+from transformers_longspark.inference.lookup import SuffixIndex, point_mass_logits
 
 
 def brute_force_match(tokens: list[int], min_ngram: int, max_ngram: int) -> tuple[int, int]:
@@ -62,7 +62,7 @@ def test_generate_proposes_the_continuation_of_the_current_suffix(batch_size, mo
     """Every lookup proposal in `generate` is the brute-force continuation of the request's tokens so far (prompt
     and generated, left padding excluded): the index is extended with exactly the committed tokens, anchor included."""
     from conftest import make_drafter, make_target
-    from transformers_longspark import batched, drafting, generation
+    from transformers_longspark.inference import batched, drafting, generation
 
     checked = []
     original = drafting.propose_blocks

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from conftest import make_drafter, make_target
 from transformers_longspark import LongSparkConfig
 from transformers_longspark.context_state import DraftContext
-from transformers_longspark.training import TrainingConfig, build_drafter
+from transformers_longspark.training.run import TrainingConfig, build_drafter
 
 
 def summary_scores(drafter, position: int, monkeypatch) -> tuple[list[torch.Tensor], torch.Tensor]:

@@ -7,16 +7,10 @@ import torch
 from transformers import GenerationConfig
 
 from conftest import make_bigram_target, make_drafter, make_target
-from transformers_longspark.distillation import (
-    Sequence,
-    draft_loss,
-    load_sequences,
-    sample_anchors,
-    sequence_loss,
-    teacher_forced_batch,
-)
-from transformers_longspark.generation import LongSparkCandidateGenerator
-from transformers_longspark.training import Trainer, TrainingConfig
+from transformers_longspark.inference.generation import LongSparkCandidateGenerator
+from transformers_longspark.training.data import Sequence, load_sequences
+from transformers_longspark.training.distillation import draft_loss, sample_anchors, sequence_loss, teacher_forced_batch
+from transformers_longspark.training.run import Trainer, TrainingConfig
 
 
 def direct_loss(logits, target_logits, labels, valid, lam=0.1, decay=4.0):
@@ -128,7 +122,7 @@ def test_a_few_steps_lower_the_loss_on_a_fixed_batch(tmp_path):
     anchors = torch.arange(sequence.prompt_length, len(sequence.ids) - 1)
     losses = []
     for _ in range(15):
-        loss = sequence_loss(target, trainer.drafter, sequence, anchors, trainer.config)
+        loss = sequence_loss(target, trainer.drafter, sequence, anchors)
         losses.append(loss.item())
         loss.backward()
         trainer.optimizer.step()
@@ -244,7 +238,7 @@ def test_every_trainable_parameter_gets_a_gradient_in_one_distillation_step(tmp_
     anchors = sample_anchors(sequence, 64, torch.Generator().manual_seed(0))
     for _ in range(2):
         trainer.optimizer.zero_grad()
-        sequence_loss(target, trainer.drafter, sequence, anchors, trainer.config).backward()
+        sequence_loss(target, trainer.drafter, sequence, anchors).backward()
         trainer.optimizer.step()
     no_gradient = [name for name, p in trainer.drafter.named_parameters()
                    if p.requires_grad and (p.grad is None or not p.grad.abs().sum() > 0)]  # fmt: skip
@@ -258,9 +252,9 @@ def test_sequence_loss_uses_the_configs_loss_weights(tmp_path):
     config.ce_weight, config.position_decay = 0.3, 2.0
     trainer = Trainer(config, target=target)
     sequence = Sequence(torch.tensor([1, 2, 3, 9, 4, 7, 7, 1, 30, 2, 5, 6]), 3)
-    anchors = torch.arange(3, 11)
+    anchors = sample_anchors(sequence, config.anchors_per_sequence, torch.Generator().manual_seed(0))
     with torch.no_grad():
-        loss = sequence_loss(target, trainer.drafter, sequence, anchors, config)
+        loss = trainer.loss(trainer.drafter, sequence, torch.Generator().manual_seed(0))
         batch = teacher_forced_batch(target, trainer.drafter, sequence, anchors)
         logits = trainer.drafter(batch.block_ids, batch.context, batch.previous_ids).logits
         expected = draft_loss(logits, batch.target_probs, batch.labels, batch.valid, ce_weight=0.3, position_decay=2.0)

@@ -6,7 +6,7 @@ from transformers import DynamicCache, MistralConfig, MistralForCausalLM, Qwen2C
 from transformers.cache_utils import DynamicLayer
 
 from conftest import make_drafter, make_target
-from transformers_longspark.verification import (
+from transformers_longspark.inference.verification import (
     ATTENTION_NAME,
     ReservedDynamicLayer,
     fast_verification,
@@ -116,7 +116,7 @@ def test_reserved_layer_matches_a_dynamic_layer_through_updates_and_crops():
 
 
 def test_generate_switches_attention_only_inside_assisted_decoding(monkeypatch):
-    from transformers_longspark import verification
+    from transformers_longspark.inference import verification
 
     target = make_target("qwen3")
     drafter = make_drafter(target)

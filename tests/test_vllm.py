@@ -333,7 +333,7 @@ class FirstRoundDone(Exception):
 def recorded_rounds(first_only: bool = False):
     """Records the transformers path's rounds inside the block: `(num_rows, anchor, drafts, from_lookup)` of each
     `LongSparkCandidateGenerator.propose` (with `first_only`, the first round ends the `generate` call)."""
-    from transformers_longspark.generation import LongSparkCandidateGenerator
+    from transformers_longspark.inference.generation import LongSparkCandidateGenerator
 
     recorded: list[tuple[int, int, list[int], bool]] = []
     original = LongSparkCandidateGenerator.propose

@@ -22,8 +22,13 @@ from test_vllm import pack_blocks
 
 from conftest import make_drafter, make_target
 from transformers_longspark.context_state import LongSparkContextState
-from transformers_longspark.drafting import drafting_thresholds, new_lookup, propose_blocks, read_draft_context
-from transformers_longspark.lookup import SuffixIndex
+from transformers_longspark.inference.drafting import (
+    drafting_thresholds,
+    new_lookup,
+    propose_blocks,
+    read_draft_context,
+)
+from transformers_longspark.inference.lookup import SuffixIndex
 from transformers_longspark.targets import HiddenStateCapture
 from transformers_longspark.vllm import DRAFT_LOG_ENV, DRAFTER_ENV, LongSparkProposer
 from transformers_longspark.vllm.proposer import eos_token_ids, step_row

@@ -6,9 +6,9 @@ from transformers import DynamicCache
 
 from conftest import make_target
 from transformers_longspark.context_state import LongSparkContextState
-from transformers_longspark.drafting import read_draft_context
+from transformers_longspark.inference.drafting import read_draft_context
 from transformers_longspark.modeling_longspark import LongSparkDrafterModel
-from transformers_longspark.warm_start import init_from_target, warm_start_config
+from transformers_longspark.training.warm_start import init_from_target, warm_start_config
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])  # without and with per-head q/k norms

@@ -4,7 +4,7 @@ The package imports lazily, so that `longspark --help` starts without torch: its
 use (`from transformers_longspark import LongSparkDrafterModel`), like building any drafter, calls `register()`, which
 registers `LongSparkConfig`/`LongSparkDrafterModel` with `AutoConfig`/`AutoModel` and routes
 `target.generate(..., assistant_model=drafter)` to the LongSpark candidate generator (one sequence, see
-`generation.py`) or to the batched loop (left-padded batches, see `batched.py`).
+`inference/generation.py`) or to the batched loop (left-padded batches, see `inference/batched.py`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .configuration_longspark import LongSparkConfig, select_target_layers
     from .context_state import DraftContext, LongSparkContextState
-    from .drafting import DraftingStats
-    from .generation import LongSparkCandidateGenerator
+    from .inference.drafting import DraftingStats
+    from .inference.generation import LongSparkCandidateGenerator
     from .modeling_longspark import LongSparkDrafterModel
 
 __version__ = "0.1.0"
@@ -24,8 +24,8 @@ __version__ = "0.1.0"
 # Public name -> the submodule that defines it.
 _LAZY_NAMES = {
     "DraftContext": "context_state",
-    "DraftingStats": "drafting",
-    "LongSparkCandidateGenerator": "generation",
+    "DraftingStats": "inference.drafting",
+    "LongSparkCandidateGenerator": "inference.generation",
     "LongSparkConfig": "configuration_longspark",
     "LongSparkContextState": "context_state",
     "LongSparkDrafterModel": "modeling_longspark",
@@ -47,7 +47,7 @@ def register() -> None:
     from transformers import AutoConfig, AutoModel
 
     from .configuration_longspark import LongSparkConfig
-    from .generation import install_generation_hook
+    from .inference.generation import install_generation_hook
     from .modeling_longspark import LongSparkDrafterModel
 
     AutoConfig.register(LongSparkConfig.model_type, LongSparkConfig, exist_ok=True)

@@ -20,7 +20,7 @@ import yaml
 # what it runs when it runs.
 from .benchmarks.cli import add_bench_arguments, run_bench
 from .files import TARGET_FOLDER_FIX, require_folder
-from .prompt_sources import BUILTIN_SOURCES
+from .training.prompt_sources import BUILTIN_SOURCES
 
 # What bad input raises: ValueError (JSONDecodeError and UnicodeDecodeError included), OSError (FileNotFoundError,
 # PermissionError, transformers' and huggingface_hub's loading errors) and YAML errors. Anything else (TypeError,
@@ -67,7 +67,7 @@ def _run_regenerate(args: argparse.Namespace) -> None:
         require_folder(args.target, "Target", TARGET_FOLDER_FIX)  # before the prompts and the model load
     if args.output.exists() and not args.output.is_dir():
         raise NotADirectoryError(f"--output {args.output} is a file; pass a folder.")
-    from .data import run_regenerate
+    from .training.regenerate import run_regenerate
 
     run_regenerate(args)
 
@@ -80,7 +80,7 @@ def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_train(args: argparse.Namespace) -> None:
-    from .training import TrainingConfig, train
+    from .training.run import TrainingConfig, train
 
     config = TrainingConfig.from_file(args.config, output_dir=args.output_dir, max_steps=args.max_steps)
     config.check_paths()  # before the target is loaded

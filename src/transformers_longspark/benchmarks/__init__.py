@@ -15,7 +15,7 @@ Each is a Python function and a `longspark bench` subcommand:
 * `run_verify_cost` (`longspark bench verify-cost`): one cached target forward of `k` tokens vs prefix length,
   transformers' stock path vs `verification.fast_verification`.
 * `run_batched_benchmark` (`longspark bench --batch-sizes 1 2 4 8`): plain batched `generate` vs LongSpark batched
-  `generate` (`transformers_longspark.batched`) per batch size, on left-padded batches of the short and long prompts.
+  `generate` (`inference/batched.py`) per batch size, on left-padded batches of the short and long prompts.
 * `run_memory_benchmark` (`longspark bench memory`): peak RSS of plain vs assisted `generate` at several prompt
   lengths, each measured in a fresh subprocess.
 

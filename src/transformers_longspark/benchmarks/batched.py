@@ -3,7 +3,7 @@
 `longspark bench --batch-sizes 1 2 4 8` (`run_batched_benchmark`): for each workload (short chat prompts, long code
 prompts), mode and batch size, the first `b` prompts (cycled when there are fewer) are left-padded into one batch and
 `target.generate` runs on it with and without the drafter, interleaved (`common.measure`). Batch 1 is transformers' own
-assisted loop; larger batches run `transformers_longspark.batched`. tokens/s counts each row's new tokens up to its
+assisted loop; larger batches run `inference/batched.py`. tokens/s counts each row's new tokens up to its
 EOS (padding excluded) over the median time of one batched call.
 """
 

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
 from ..configuration_longspark import LongSparkConfig
-from ..generation import LongSparkCandidateGenerator
+from ..inference.generation import LongSparkCandidateGenerator
 from ..modeling_longspark import LongSparkDrafterModel
 from .common import generation_config_fields, machine_info, measure, prefill, timed_call
 from .defaults import DEFAULT_PREFIX_LENGTHS, DEFAULT_SYNTHETIC_PREFIX_LENGTHS

@@ -7,7 +7,7 @@ import random
 
 import torch
 
-from ..generation import LongSparkCandidateGenerator
+from ..inference.generation import LongSparkCandidateGenerator
 from .common import timed_call
 
 # With the lookup source on: the round with it, its cost over the lookup-off round's, the index per request.

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..corpora import HELD_OUT_PERCENT, is_held_out
+from ..training.corpora import HELD_OUT_PERCENT, is_held_out
 from .defaults import DEFAULT_LONG_LENGTHS, HELD_OUT_DIR, SHORT_SOURCES
 
 
@@ -38,7 +38,7 @@ def short_prompts(
     assistant turn, chat-templated); without them, holds out 40 prompts of each builtin source (gsm8k, mmath-en,
     stdlib-code) exactly as ``longspark regenerate --held-out 40 --seed 0`` does.
     """
-    from ..prompt_sources import builtin_prompt_source, interleave, normalize_record, split_prompts
+    from ..training.prompt_sources import builtin_prompt_source, interleave, normalize_record, split_prompts
 
     by_source: dict[str, list[dict[str, Any]]] = {}
     held_out = Path(held_out_dir) if held_out_dir is not None else None

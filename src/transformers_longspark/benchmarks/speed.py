@@ -32,8 +32,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel
 
+from ..inference.verification import fast_verification
 from ..modeling_longspark import LongSparkDrafterModel
-from ..verification import fast_verification
 from .common import generation_config_fields, machine_info, time_forward_calls, timed_call
 from .defaults import DEFAULT_LOOKUP_MIN_MATCH, DEFAULT_LOOKUP_NUM_TOKENS, METHODS, MODES, PLAIN_METHODS
 from .models import make_full_prefix_drafter

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..drafting import DraftingStats
+from ..inference.drafting import DraftingStats
 from .defaults import PLAIN_METHODS
 
 METHOD_LABELS = {

@@ -17,7 +17,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel
 
-from ..verification import fast_verification, reserve_cache_rows
+from ..inference.verification import fast_verification, reserve_cache_rows
 from .common import machine_info, measure, prefill, timed_call
 from .defaults import DEFAULT_NUM_TOKENS, DEFAULT_VERIFY_PREFIX_LENGTHS
 

@@ -43,8 +43,14 @@ import torch
 from torch import nn
 
 from ..context_state import DraftContext, LongSparkContextState, stack_contexts
-from ..drafting import drafting_thresholds, max_proposal_tokens, new_lookup, propose_blocks, read_draft_context
-from ..lookup import SuffixIndex
+from ..inference.drafting import (
+    drafting_thresholds,
+    max_proposal_tokens,
+    new_lookup,
+    propose_blocks,
+    read_draft_context,
+)
+from ..inference.lookup import SuffixIndex
 from ..modeling_longspark import LongSparkDrafterModel
 from ..targets import TargetModules, check_target_compatible, sliding_window_layers
 from .cpu_sampling import fix_cpu_expand

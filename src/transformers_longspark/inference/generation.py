@@ -26,7 +26,9 @@ from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEME
 from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.utils import GenerationMixin
 
-from .context_state import DraftContext, LongSparkContextState
+from ..context_state import DraftContext, LongSparkContextState
+from ..modeling_longspark import LongSparkDrafterModel
+from ..targets import HiddenStateCapture, check_sliding_window, check_target_compatible
 from .drafting import (
     DraftingStats,
     drafting_thresholds,
@@ -35,8 +37,6 @@ from .drafting import (
     propose_blocks,
     read_draft_context,
 )
-from .modeling_longspark import LongSparkDrafterModel
-from .targets import HiddenStateCapture, check_sliding_window, check_target_compatible
 from .verification import fast_verification
 
 
@@ -65,7 +65,7 @@ class LongSparkCandidateGenerator(CandidateGenerator):
             raise ValueError(
                 f"LongSparkCandidateGenerator drafts for one sequence (transformers' assisted decoding is batch-1), "
                 f"got {input_ids.shape[0]}. `target.generate(..., assistant_model=drafter)` runs batches in "
-                "`transformers_longspark.batched` instead."
+                "`transformers_longspark.inference.batched` instead."
             )
         check_target_compatible(drafter.config, target)
         config = drafter.config

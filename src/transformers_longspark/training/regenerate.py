@@ -40,8 +40,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from .cli import add_regenerate_arguments  # noqa: F401  (the parser lives with the CLI's; kept importable here)
-from .loading import load_target
+from ..loading import load_target
 from .prompt_sources import Prompt, interleave, load_prompts, split_prompts
 
 logger = logging.getLogger(__name__)

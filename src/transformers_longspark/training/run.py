@@ -20,14 +20,15 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
-from .configuration_longspark import LongSparkConfig
+from ..configuration_longspark import LongSparkConfig
+from ..files import check_fields, looks_like_hub_id, read_yaml, require_path
+from ..loading import load_target
+from ..modeling_longspark import LongSparkDrafterModel
+from ..targets import check_target_compatible
 from .corpora import DataMixture, data_sources
-from .distillation import Sequence, regenerate_hint, sample_anchors, sequence_loss
-from .files import check_fields, looks_like_hub_id, read_yaml, require_path
-from .loading import load_target
-from .modeling_longspark import LongSparkDrafterModel
+from .data import Sequence, regenerate_hint
+from .distillation import CE_WEIGHT, POSITION_DECAY, sample_anchors, sequence_loss
 from .prompt_sources import interleave
-from .targets import check_target_compatible
 from .warm_start import init_from_target, warm_start_config
 
 logger = logging.getLogger(__name__)
@@ -54,8 +55,8 @@ class TrainingConfig:
     max_grad_norm: float = 1.0
     epochs: int = 10
     max_steps: int | None = None  # overrides epochs when set
-    ce_weight: float = 0.1  # lam in the loss
-    position_decay: float = 4.0  # w_i = exp(-(i - 1) / position_decay)
+    ce_weight: float = CE_WEIGHT  # lam in the loss
+    position_decay: float = POSITION_DECAY  # w_i = exp(-(i - 1) / position_decay)
     checkpoint_every: int = 100
     eval_every: int = 100
     eval_sequences: int = 16
@@ -228,11 +229,7 @@ class Trainer:
                 with self.accelerator.accumulate(self.drafter), self.accelerator.autocast():
                     sequences = next(micro_batches)
                     tokens += sum(len(s.ids) for s in sequences)
-                    loss = sum(
-                        sequence_loss(self.target, self.drafter, s,
-                                      sample_anchors(s, c.anchors_per_sequence, anchor_rng), c)
-                        for s in sequences
-                    ) / len(sequences)  # fmt: skip
+                    loss = sum(self.loss(self.drafter, s, anchor_rng) for s in sequences) / len(sequences)
                     self.accelerator.backward(loss)
                     if self.accelerator.sync_gradients:
                         self.accelerator.clip_grad_norm_(self.drafter.parameters(), c.max_grad_norm)
@@ -264,6 +261,12 @@ class Trainer:
             self.model.save_pretrained(final)
         return final
 
+    def loss(self, drafter, sequence: Sequence, generator: torch.Generator) -> torch.Tensor:
+        """The distillation loss of `anchors_per_sequence` anchors of `sequence`, drawn with `generator`."""
+        c = self.config
+        anchors = sample_anchors(sequence, c.anchors_per_sequence, generator)
+        return sequence_loss(self.target, drafter, sequence, anchors, c.ce_weight, c.position_decay)
+
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Held-out loss (all response anchors of the first `eval_sequences` sequences) and greedy tau."""
@@ -272,8 +275,7 @@ class Trainer:
         results = {}
         if self.eval_sequences:
             generator = torch.Generator().manual_seed(0)
-            losses = [sequence_loss(self.target, model, s, sample_anchors(s, c.anchors_per_sequence, generator), c)
-                      for s in self.eval_sequences]  # fmt: skip
+            losses = [self.loss(model, s, generator) for s in self.eval_sequences]
             results["eval_loss"] = float(sum(losses) / len(losses))
             if c.tau_prompts:
                 results["eval_tau"] = self.measure_tau(self.eval_sequences[: c.tau_prompts])

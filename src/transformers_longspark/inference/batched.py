@@ -33,6 +33,9 @@ from transformers.cache_utils import Cache
 from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 
+from ..context_state import LongSparkContextState, gather_columns, last_real_columns
+from ..modeling_longspark import LongSparkDrafterModel
+from ..targets import HiddenStateCapture, check_sliding_window, check_target_compatible
 from .batched_checks import (
     check_batched_generation,
     check_default_position_ids,
@@ -40,7 +43,6 @@ from .batched_checks import (
     default_position_ids,
     max_cache_columns,
 )
-from .context_state import LongSparkContextState, gather_columns, last_real_columns
 from .drafting import (
     DraftingStats,
     drafting_thresholds,
@@ -51,8 +53,6 @@ from .drafting import (
     read_draft_context,
 )
 from .lookup import SuffixIndex
-from .modeling_longspark import LongSparkDrafterModel
-from .targets import HiddenStateCapture, check_sliding_window, check_target_compatible
 
 # --- acceptance rules -------------------------------------------------------------------------------------------
 

@@ -25,10 +25,10 @@ from transformers.generation.logits_process import (
     TypicalLogitsWarper,
 )
 
-from .context_state import DraftContext, LongSparkContextState, gather_columns, last_real_columns
+from ..context_state import DraftContext, LongSparkContextState, gather_columns, last_real_columns
+from ..modeling_longspark import LongSparkDrafterModel
+from ..targets import read_cache_rows
 from .lookup import SuffixIndex, point_mass_logits
-from .modeling_longspark import LongSparkDrafterModel
-from .targets import read_cache_rows
 
 
 @dataclass

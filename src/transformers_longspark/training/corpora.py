@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from .distillation import Sequence, load_sequences, regenerate_hint
-from .files import check_fields, read_jsonl, require_path
+from ..files import check_fields, read_jsonl, require_path
+from .data import Sequence, load_sequences, regenerate_hint
 
 FORMATS = ("auto", "regenerated", "text", "files", "dataset")
 HELD_OUT_PERCENT = 15.0  # `scripts/prepare_corpora.py`'s default; the benchmarks' long prompts use the same split

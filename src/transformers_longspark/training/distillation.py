@@ -14,71 +14,19 @@ forward as at inference on all anchors at once, with the Markov correction fed t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from .configuration_longspark import LongSparkConfig
-from .context_state import DraftContext, prefix_summaries
-from .files import read_jsonl, require_path
-from .modeling_longspark import LongSparkDrafterModel
-from .targets import HiddenStateCapture, TargetModules, target_modules
+from ..configuration_longspark import LongSparkConfig
+from ..context_state import DraftContext, prefix_summaries
+from ..modeling_longspark import LongSparkDrafterModel
+from ..targets import HiddenStateCapture, TargetModules, target_modules
+from .data import Sequence
 
-if TYPE_CHECKING:
-    from .training import TrainingConfig
-
-
-# --- data -------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Sequence:
-    """One training sequence: a regenerated chat (`ids` = templated prompt + target response, anchors in the
-    response) or packed text (`corpora.pack_documents`: anchors everywhere).
-
-    `prompt_length` tokens are the prompt that held-out tau measurement continues; anchors `t` start at
-    `anchor_start` (default: `prompt_length`, the response).
-    """
-
-    ids: torch.LongTensor
-    prompt_length: int
-    anchor_start: int | None = None
-
-    def __post_init__(self):
-        if self.anchor_start is None:
-            self.anchor_start = self.prompt_length
-        if self.anchor_start < 1:
-            raise ValueError("A sequence's first anchor needs a predecessor (its boundary state): anchor_start >= 1.")
-
-
-def regenerate_hint(path: str | Path) -> str:
-    """How to create the missing training data `path` (the end of an error message)."""
-    path = Path(path)
-    output = f"{path.parent} --held-out 40" if path.name in ("train", "held_out") else path  # --held-out's layout
-    return f"create it with `longspark regenerate --prompts gsm8k mmath-en stdlib-code --output {output}`."
-
-
-def load_sequences(path: str | Path, max_seq_len: int) -> list[Sequence]:
-    """Reads the JSONL records written by `longspark regenerate` (`prompt_ids`, `response_ids`), sorted by id."""
-    path = require_path(path, "Training data", regenerate_hint(path))
-    records = []
-    for file in sorted(path.glob("*.jsonl")) if path.is_dir() else [path]:
-        for number, record in enumerate(read_jsonl(file, "Training data"), 1):
-            if not isinstance(record, dict) or not {"id", "prompt_ids", "response_ids"} <= record.keys():
-                raise ValueError(f"{file}: record {number} lacks 'id', 'prompt_ids' or 'response_ids'; use the "
-                                 f"records of `longspark regenerate`.")  # fmt: skip
-            records.append(record)
-    if not records:
-        raise ValueError(f"No records in {path}; {regenerate_hint(path)}")
-    records.sort(key=lambda r: r["id"])
-    sequences = []
-    for record in records:
-        ids = (record["prompt_ids"] + record["response_ids"])[:max_seq_len]
-        if len(ids) - len(record["prompt_ids"]) >= 2:
-            sequences.append(Sequence(torch.tensor(ids), len(record["prompt_ids"])))
-    return sequences
+# The loss's defaults (`draft_loss`; `TrainingConfig` starts from them): lam, and the decay of the position weights.
+CE_WEIGHT = 0.1
+POSITION_DECAY = 4.0
 
 
 def sample_anchors(sequence: Sequence, max_anchors: int, generator: torch.Generator) -> torch.LongTensor:
@@ -171,8 +119,8 @@ def draft_loss(
     target_probs: torch.Tensor,
     labels: torch.LongTensor,
     valid: torch.BoolTensor,
-    ce_weight: float = 0.1,
-    position_decay: float = 4.0,
+    ce_weight: float = CE_WEIGHT,
+    position_decay: float = POSITION_DECAY,
 ) -> torch.Tensor:
     """`sum_i w_i [lam * -log q_i(x) + (1 - lam) * ||p_i - q_i||_1] / sum_i w_i` over valid positions.
 
@@ -193,12 +141,20 @@ def draft_loss(
     return (weights * per_position).sum() / weights.sum()
 
 
-def sequence_loss(target, drafter, sequence: Sequence, anchors: torch.LongTensor, config: TrainingConfig):
+def sequence_loss(
+    target,
+    drafter,
+    sequence: Sequence,
+    anchors: torch.LongTensor,
+    ce_weight: float = CE_WEIGHT,
+    position_decay: float = POSITION_DECAY,
+) -> torch.Tensor:
+    """`draft_loss` of the anchors of one sequence; `drafter` may be wrapped (DDP: `.module`)."""
     model = drafter.module if hasattr(drafter, "module") else drafter
     batch = teacher_forced_batch(target, model, sequence, anchors)
     logits = drafter(batch.block_ids, batch.context, batch.previous_ids).logits
-    return draft_loss(logits, batch.target_probs, batch.labels, batch.valid, config.ce_weight, config.position_decay)
+    return draft_loss(logits, batch.target_probs, batch.labels, batch.valid, ce_weight, position_decay)
 
 
-__all__ = ["Sequence", "load_sequences", "sample_anchors", "TeacherForcedBatch", "teacher_forced_batch",
+__all__ = ["CE_WEIGHT", "POSITION_DECAY", "sample_anchors", "TeacherForcedBatch", "teacher_forced_batch",
            "draft_loss", "sequence_loss"]

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .files import looks_like_hub_id, read_json, read_jsonl
+from ..files import looks_like_hub_id, read_json, read_jsonl
 
 Prompt = dict[str, Any]
 """A normalized prompt: ``{"messages": [{"role": ..., "content": ...}, ...], "source": str}``."""

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from .configuration_longspark import LongSparkConfig
-from .modeling_longspark import LongSparkDrafterModel
+from ..configuration_longspark import LongSparkConfig
+from ..modeling_longspark import LongSparkDrafterModel
 
 
 def warm_start_config(target: PreTrainedModel, **overrides: Any) -> LongSparkConfig:

@@ -14,7 +14,7 @@ from transformers.generation.logits_process import (
 )
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
 
-from .targets import sliding_window_layers
+from ..targets import sliding_window_layers
 
 ONE_PER_PROMPT = "call generate() once per prompt"
 
