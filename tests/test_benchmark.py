@@ -31,7 +31,7 @@ from transformers_longspark.benchmarks import (
     summarize_runs,
 )
 from transformers_longspark.benchmarks.speed import drafter_settings
-from transformers_longspark.inference.drafting import DraftingStats
+from transformers_longspark.inference.stats import DraftingStats
 from transformers_longspark.inference.verification import (
     ATTENTION_NAME,
     ReservedDynamicLayer,

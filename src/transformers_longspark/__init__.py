@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .configuration_longspark import LongSparkConfig, select_target_layers
     from .context_state import DraftContext, LongSparkContextState
-    from .inference.drafting import DraftingStats
     from .inference.generation import LongSparkCandidateGenerator
+    from .inference.stats import DraftingStats
     from .modeling_longspark import LongSparkDrafterModel
 
 __version__ = "0.1.0"
@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 # Public name -> the submodule that defines it.
 _LAZY_NAMES = {
     "DraftContext": "context_state",
-    "DraftingStats": "inference.drafting",
+    "DraftingStats": "inference.stats",
     "LongSparkCandidateGenerator": "inference.generation",
     "LongSparkConfig": "configuration_longspark",
     "LongSparkContextState": "context_state",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..inference.drafting import DraftingStats
+from ..inference.stats import DraftingStats
 from .defaults import PLAIN_METHODS
 
 METHOD_LABELS = {

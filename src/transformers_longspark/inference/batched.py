@@ -44,7 +44,6 @@ from .batched_checks import (
     max_cache_columns,
 )
 from .drafting import (
-    DraftingStats,
     drafting_thresholds,
     max_proposal_tokens,
     new_lookup,
@@ -53,6 +52,7 @@ from .drafting import (
     read_draft_context,
 )
 from .lookup import SuffixIndex
+from .stats import DraftingStats
 
 # --- acceptance rules -------------------------------------------------------------------------------------------
 

@@ -6,7 +6,6 @@ with one drafter forward (`draft_tokens`), applying `generate`'s logits processo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -29,40 +28,6 @@ from ..context_state import DraftContext, LongSparkContextState, gather_columns,
 from ..modeling_longspark import LongSparkDrafterModel
 from ..targets import read_cache_rows
 from .lookup import SuffixIndex, point_mass_logits
-
-
-@dataclass
-class DraftingStats:
-    """Per-`generate` counters, kept on `drafter.drafting_stats` after each call.
-
-    `tau = (new tokens - 1) / verification rounds`: the prefill forward yields the first token, then each round
-    adds the accepted draft tokens plus one. In a batch (`batched.py`), `rounds` counts each sequence's rounds (a
-    forward over `n` unfinished sequences adds `n`), so `tau = (new tokens - batch size) / rounds`, and
-    `batch_rounds` counts the batched forwards.
-    """
-
-    rounds: int = 0
-    batch_rounds: int = 0
-    drafted_tokens: int = 0
-    lookup_rounds: int = 0  # rounds that proposed the lookup source's continuation instead of a drafted block
-    # accepted_histogram[k]: rounds that accepted exactly k drafts (per-position acceptance: `acceptance_rates()`).
-    accepted_histogram: list[int] = field(default_factory=list)
-    proposal_seconds: float = 0.0
-    context_update_seconds: float = 0.0
-    context_state_bytes: int = 0
-
-    def record_accepted(self, counts: list[int]) -> None:
-        """Adds rounds that accepted `counts[r]` drafts each."""
-        for count in counts:
-            if count >= len(self.accepted_histogram):
-                self.accepted_histogram.extend([0] * (count + 1 - len(self.accepted_histogram)))
-            self.accepted_histogram[count] += 1
-
-    def acceptance_rates(self) -> list[float]:
-        """`[P(draft 1 accepted), P(drafts 1-2 accepted), ...]` over the verified rounds."""
-        histogram = self.accepted_histogram
-        total = sum(histogram)
-        return [sum(histogram[k:]) / total for k in range(1, len(histogram))] if total else []
 
 
 def read_draft_context(
@@ -348,7 +313,6 @@ def propose_blocks(
 
 __all__ = [
     "SCORE_ONLY_PROCESSORS",
-    "DraftingStats",
     "draft_tokens",
     "drafting_thresholds",
     "lookup_settings",

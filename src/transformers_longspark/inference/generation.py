@@ -30,13 +30,13 @@ from ..context_state import DraftContext, LongSparkContextState
 from ..modeling_longspark import LongSparkDrafterModel
 from ..targets import HiddenStateCapture, check_sliding_window, check_target_compatible
 from .drafting import (
-    DraftingStats,
     drafting_thresholds,
     max_proposal_tokens,
     new_lookup,
     propose_blocks,
     read_draft_context,
 )
+from .stats import DraftingStats
 from .verification import fast_verification
 
 
@@ -264,7 +264,6 @@ def install_generation_hook() -> None:
 
 
 __all__ = [
-    "DraftingStats",
     "LongSparkCandidateGenerator",
     "check_dynamic_cache",
     "check_generation_settings",
