@@ -138,7 +138,7 @@ def main() -> None:
             raise SystemExit(f"quickstart: error: {error}") from None
     import torch
 
-    from transformers_longspark.benchmarks import long_context_prompts
+    from transformers_longspark.benchmarks.prompts import long_context_prompts
     from transformers_longspark.loading import load_drafter, load_target
 
     threads = args.num_threads or default_num_threads(torch.get_num_threads())

@@ -33,7 +33,7 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from transformers_longspark.benchmarks import long_context_prompts
+    from transformers_longspark.benchmarks.prompts import long_context_prompts
 
     os.environ["LONGSPARK_DRAFTER"] = args.drafter  # read by LongSparkProposer in vLLM's worker
     target = str(smollm2_dir())

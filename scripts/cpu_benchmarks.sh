@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Regenerates every figure of the README's "Results on this machine" (SmolLM2-135M-Instruct target, shipped drafter,
-# 2 threads) into benchmarks/. About an hour on the 2-core VM; time it on an idle machine (no training running).
+# 2 threads) into results/. About an hour on the 2-core VM; time it on an idle machine (no training running).
 #
-# Usage: bash scripts/cpu_benchmarks.sh [verify|drafting|long|short|batched|profile|memory ...]   (default: all)
+# Usage: bash scripts/cpu_benchmarks.sh [verify|drafting|long|short|batched|memory ...]   (default: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=benchmarks
+out=results
 threads=(--num-threads 2)
 methods=(--methods prompt_lookup prompt_lookup_fast longspark full_prefix)
-parts=("${@:-verify drafting long short batched profile memory}")
+parts=("${@:-verify drafting long short batched memory}")
 for part in ${parts[*]}; do
   case $part in
     verify)  # cached target forward of k tokens after a prefix: stock path vs the fast verification path
@@ -26,9 +26,6 @@ for part in ${parts[*]}; do
     batched)  # plain batched generate vs LongSpark batched at batch 1, 2, 4, 8
       longspark bench --batch-sizes 1 2 4 8 --repeats 1 --max-new-tokens 64 --long-lengths 1024 2048 \
           "${threads[@]}" --json $out/batched.json --markdown $out/batched.md ;;
-    profile)  # per-op cost of a drafting round at 512 and 8K
-      python scripts/profile_drafting.py --prefix-lengths 512 8192 --rounds 40 "${threads[@]}" \
-          | tee $out/drafting_profile.txt ;;
     memory)  # extra peak RSS of assisted over plain generate at 1K and 8K prompt tokens
       longspark bench memory --json $out/memory.json ;;
     *) echo "unknown part: $part" >&2; exit 2 ;;

@@ -4,8 +4,8 @@ The LM-head rows the drafter reads are the target's own, so the logits of the to
 tokens outside the new vocabulary can no longer be proposed, and each round reads fewer LM-head rows (the head is
 the largest part of a drafting forward on a CPU).
 
-    python scripts/prune_draft_vocab.py model_cards/longspark-smollm2-135m-instruct runs/pruned-8192 \
-        --config configs/smollm2-135m-cpu-corpora.yaml --size 8192
+    python scripts/prune_draft_vocab.py src/transformers_longspark/drafters/longspark-smollm2-135m-instruct \
+        runs/pruned-8192 --config configs/smollm2-135m-cpu-corpora.yaml --size 8192
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from transformers_longspark import LongSparkDrafterModel
 from transformers_longspark.loading import load_target
 from transformers_longspark.training.corpora import DataMixture, data_sources
-from transformers_longspark.training.distillation import Sequence
+from transformers_longspark.training.data import Sequence
 from transformers_longspark.training.run import TrainingConfig, most_frequent_tokens
 
 

@@ -2,8 +2,8 @@
 
 Each variant is `configs/experiments/ablation-base.yaml` with its switches (paper, Table 4: no global summary, no
 boundary state, no recent window; and 3 instead of 5 draft layers), trained from scratch with `longspark train`
-(resumable: a finished variant is skipped, an interrupted one resumes). Then `scripts/eval_long_tau.py` measures
-greedy tau for all of them on the same held-out files of the code corpus, and a Markdown table is printed.
+(resumable: a finished variant is skipped, an interrupted one resumes). Then `longspark bench tau` measures greedy
+tau for all of them on the same held-out long code files, and a Markdown table is printed.
 
     nohup python scripts/run_ablations.py > runs/ablations.log 2>&1 &
 """
@@ -35,10 +35,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--base", default="configs/experiments/ablation-base.yaml")
     parser.add_argument("--output", default="runs/ablations")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    parser.add_argument("--eval-args", default="--lengths 4096 --num-files 8 --new-tokens 32 --num-threads 2",
-                        help="extra arguments of scripts/eval_long_tau.py")  # fmt: skip
-    parser.add_argument("--reference", action="append", default=[],
-                        help="NAME=FOLDER: another drafter to evaluate, e.g. the shipped one")  # fmt: skip
+    parser.add_argument(
+        "--eval-args",
+        default="--workloads long --long-lengths 4096 --num-long-prompts 8 --max-new-tokens 32 --whole-blocks "
+        "--num-threads 2",
+        help="extra arguments of `longspark bench tau`",
+    )
+    parser.add_argument(
+        "--reference",
+        action="append",
+        default=[],
+        help="NAME=FOLDER: another drafter to evaluate, e.g. the shipped one",
+    )
     args = parser.parse_args(argv)
     output = Path(args.output)
     for name in args.variants:
@@ -58,16 +66,16 @@ def main(argv: list[str] | None = None) -> None:
     drafters = [f"--drafter={name}={output / name / 'final'}" for name in args.variants]
     drafters += [f"--drafter={reference}" for reference in args.reference]
     result = output / "long_tau.json"
-    subprocess.run([sys.executable, "scripts/eval_long_tau.py", *drafters, "--json", str(result), "--check", "0",
-                    *args.eval_args.split()], check=True)  # fmt: skip
-    rows = json.loads(result.read_text())["tau"]
-    print("| variant | training CPU time | " + " | ".join(f"tau at {n}" for n in next(iter(rows.values()))) + " |")
-    for name, per_length in rows.items():
-        log_path = output / name / "log.jsonl"
+    command = ["-m", "transformers_longspark.cli", "bench", "tau", *drafters, "--json", str(result)]
+    subprocess.run([sys.executable, *command, *args.eval_args.split()], check=True)
+    rows = json.loads(result.read_text())["rows"]
+    print("| variant | training CPU time | workload | tau | rounds |")
+    print("|---|---|---|---:|---:|")
+    for row in rows:
+        log_path = output / row["drafter"] / "log.jsonl"
         log = [json.loads(line) for line in log_path.read_text().splitlines()] if log_path.exists() else []
         minutes = f"{sum(r['seconds'] for r in log) / 60:.1f} min" if log else "-"
-        cells = [f"{row['tau']:.3f} ({row['rounds']} rounds)" for row in per_length.values()]
-        print(f"| {name} | {minutes} | " + " | ".join(cells) + " |")
+        print(f"| {row['drafter']} | {minutes} | {row['workload']} | {row['tau']:.3f} | {row['rounds']} |")
 
 
 if __name__ == "__main__":

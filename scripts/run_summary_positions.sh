@@ -26,22 +26,18 @@ done
 python - <<'EOF'
 import torch
 from transformers_longspark import LongSparkDrafterModel
-shipped = "model_cards/longspark-smollm2-135m-instruct"
+shipped = "src/transformers_longspark/drafters/longspark-smollm2-135m-instruct"
 LongSparkDrafterModel.from_pretrained(shipped, dtype=torch.float32, summary_key_positions="block_start").save_pretrained(
     "runs/shipped-as-block-start")
 EOF
 
 echo "== $(date -u +%T) eval ($(left) s left)"
-drafters=(--drafter shipped=model_cards/longspark-smollm2-135m-instruct
+drafters=(--drafter shipped=src/transformers_longspark/drafters/longspark-smollm2-135m-instruct
           --drafter shipped-as-block_start=runs/shipped-as-block-start)
 for run in none-1k block-start-1k none-4k block-start-4k; do
   [ -d "runs/summary-positions-$run/final" ] && drafters+=(--drafter "$run=runs/summary-positions-$run/final")
 done
-timeout "$(left)" python scripts/eval_long_tau.py "${drafters[@]}" --lengths 2048 4096 8000 --num-files 4 \
-  --new-tokens 32 --num-threads 1 --json runs/summary-positions-tau.json
-# four more held-out files (the next ones by id are codec tables, so these are named)
-timeout "$(left)" python scripts/eval_long_tau.py "${drafters[@]}" --lengths 2048 4096 8000 --num-files 4 \
-  --file-ids enum.py importlib/_bootstrap_external.py subprocess.py traceback.py --new-tokens 32 --num-threads 1 \
-  --check 0 --json runs/summary-positions-tau-more-files.json
+timeout "$(left)" longspark bench tau "${drafters[@]}" --workloads long --long-lengths 2048 4096 8000 \
+  --num-long-prompts 12 --max-new-tokens 32 --whole-blocks --num-threads 1 --json runs/summary-positions-tau.json
 rc=$?
 echo "== $(date -u +%T) all done rc=$rc"

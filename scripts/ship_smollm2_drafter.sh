@@ -7,22 +7,22 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 final=${1:?usage: ship_smollm2_drafter.sh RUN_DIR/final RUN_DIR/log.jsonl}
 log=${2:?usage: ship_smollm2_drafter.sh RUN_DIR/final RUN_DIR/log.jsonl}
-card=model_cards/longspark-smollm2-135m-instruct
+card=src/transformers_longspark/drafters/longspark-smollm2-135m-instruct
 python - "$final" "$card" <<'PY'
 import sys, torch
 from transformers_longspark import LongSparkDrafterModel
 LongSparkDrafterModel.from_pretrained(sys.argv[1], dtype=torch.float32).to(torch.bfloat16).save_pretrained(sys.argv[2])
 PY
-cp "$log" benchmarks/smollm2-training-log-stage3.jsonl
+cp "$log" results/smollm2-training-log-stage3.jsonl
 methods=(--methods prompt_lookup prompt_lookup_fast longspark full_prefix)
 longspark bench --workloads long --num-long-prompts 4 --long-lengths 4096 8192 --max-new-tokens 64 "${methods[@]}" \
-    --num-threads 2 --json benchmarks/speed_long.json --markdown benchmarks/speed_long.md
+    --num-threads 2 --json results/speed_long.json --markdown results/speed_long.md
 longspark bench --workloads short --num-short-prompts 6 --max-new-tokens 96 "${methods[@]}" \
-    --num-threads 2 --json benchmarks/speed_short.json --markdown benchmarks/speed_short.md
+    --num-threads 2 --json results/speed_short.json --markdown results/speed_short.md
 # Stage 1's log predates token counting: 291.1 is the mean length of the 352 records it trained on.
-longspark card "$card" --benchmark benchmarks/speed_short.json benchmarks/speed_long.json \
+longspark card "$card" --benchmark results/speed_short.json results/speed_long.json \
     --training-config configs/smollm2-135m-cpu.yaml configs/smollm2-135m-cpu-continue.yaml \
     configs/smollm2-135m-cpu-corpora.yaml \
-    --training-log benchmarks/smollm2-training-log.jsonl benchmarks/smollm2-training-log-stage2.jsonl \
-    benchmarks/smollm2-training-log-stage3.jsonl --tokens-per-sequence 291.1 \
+    --training-log results/smollm2-training-log.jsonl results/smollm2-training-log-stage2.jsonl \
+    results/smollm2-training-log-stage3.jsonl --tokens-per-sequence 291.1 \
     --notes model_cards/longspark-smollm2-135m-instruct-limits.md

@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from conftest import make_drafter, make_target
+from helpers import make_drafter, make_target
 from transformers_longspark.context_state import DraftContext
 from transformers_longspark.inference.generation import LongSparkCandidateGenerator
 from transformers_longspark.training.data import Sequence, load_sequences

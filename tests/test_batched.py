@@ -8,35 +8,32 @@ equals the one recomputed from that row alone, and unsupported settings are refu
 from __future__ import annotations
 
 import importlib.util
-import json
 
 import pytest
 import torch
-from test_generation import chi_square_pvalue
 from transformers import DynamicCache, StaticCache
 from transformers.generation.streamers import BaseStreamer
 
-from conftest import make_bigram_target, make_drafter, make_oracle_drafter, make_target
-from transformers_longspark import benchmarks
-from transformers_longspark.benchmarks import count_forward_calls, format_batched, run_batched_benchmark
+from helpers import (
+    LAW_TOKENS,
+    LAW_VOCAB,
+    SAMPLING,
+    chi_square_pvalue,
+    context_target,
+    exact_law,
+    make_bigram_target,
+    make_drafter,
+    make_oracle_drafter,
+    make_target,
+)
+from transformers_longspark.benchmarks.common import count_forward_calls
+from transformers_longspark.context_state import boundary_states
 from transformers_longspark.inference import batched
+from transformers_longspark.inference.session import DraftSession
 from transformers_longspark.targets import HiddenStateCapture
 
 VOCAB, WINDOW, BLOCK = 64, 8, 4
 LENGTHS = {2: [3, 11], 5: [6, 1, 17, 9, 4], 8: [25, 2, 13, 7, 19, 4, 10, 16]}
-
-
-def context_target(kind: str, seed: int = 2):
-    """A random target whose layers are damped (x0.3) so that a bigram oracle drafter agrees with it often but not
-    always: acceptance lengths vary from round to round and row to row, and attention still matters (a row that saw
-    a rejected draft or a wrong position generates something else)."""
-    target = make_target(kind, vocab_size=VOCAB, seed=seed)
-    with torch.no_grad():
-        for layer in target.model.layers:
-            layer.self_attn.o_proj.weight.mul_(0.3)
-            layer.mlp.down_proj.weight.mul_(0.3)
-        target.lm_head.weight.mul_(3.0)
-    return target
 
 
 def left_padded(lengths: list[int], seed: int = 0, pad: int = 0) -> tuple[torch.LongTensor, torch.LongTensor]:
@@ -236,19 +233,19 @@ def test_each_rows_context_equals_its_context_alone(monkeypatch):
     over row `r`'s cached tokens alone: the summary absorbs only its real rows, the window holds its last `W` real
     rows, the boundary is its last accepted position."""
     rounds = []
-    read, propose = batched.read_draft_context, batched.propose_blocks
+    read, propose = DraftSession.read_context, DraftSession.propose
 
-    def spy_read(drafter, state, cache, num_columns, column_mask):
-        context = read(drafter, state, cache, num_columns, column_mask)
+    def spy_read(session, state, cache, num_columns, column_mask=None):
+        context = read(session, state, cache, num_columns, column_mask)
         rounds.append({"context": context})
         return context
 
-    def spy_propose(drafter, context, sequences, rows, lengths, *args):
-        rounds[-1].update(sequences=sequences[rows].clone(), lengths=lengths.clone())
-        return propose(drafter, context, sequences, rows, lengths, *args)
+    def spy_propose(session, context, requests, lookups=None):
+        rounds[-1].update(sequences=requests.sequences[requests.rows].clone(), lengths=requests.lengths.clone())
+        return propose(session, context, requests, lookups)
 
-    monkeypatch.setattr(batched, "read_draft_context", spy_read)
-    monkeypatch.setattr(batched, "propose_blocks", spy_propose)
+    monkeypatch.setattr(DraftSession, "read_context", spy_read)
+    monkeypatch.setattr(DraftSession, "propose", spy_propose)
     target = context_target("qwen3")
     drafter = make_oracle_drafter(target, window_size=WINDOW, block_size=BLOCK, summary_chunk_size=5)
     greedy_pair(target, drafter, *left_padded(LENGTHS[5], seed=12), max_new_tokens=30)
@@ -264,7 +261,7 @@ def test_each_rows_context_equals_its_context_alone(monkeypatch):
             with torch.no_grad():
                 target.model(tokens[None], cache=cache)
             capture.remove()
-            boundary = capture.concatenated(-1)[0]
+            boundary = boundary_states(capture.states, torch.tensor([-1]))[0]
             torch.testing.assert_close(context.boundary_states[row], boundary, **tol)
             window = context.window_mask[row]
             assert int(window.sum()) == min(WINDOW, cached)
@@ -289,38 +286,18 @@ def test_one_drafter_forward_and_one_target_forward_per_round():
 
 # --- sampling: each row's law is the target's --------------------------------------------------------------------
 
-SAMPLING = dict(do_sample=True, temperature=0.9, top_k=4, repetition_penalty=1.2)
-SMALL_VOCAB, NEW_TOKENS, COPIES, DRAWS = 6, 3, 250, 8  # each prompt drawn COPIES * DRAWS = 2000 times
-
-
-def exact_row_law(target, input_ids, attention_mask) -> torch.Tensor:
-    """`(V, V, V)` law of one left-padded row's first three tokens under plain `generate` with SAMPLING (its logits
-    processors read the padded row, as they do in a batch)."""
-
-    def next_law(ids):
-        mask = torch.cat([attention_mask, torch.ones(1, ids.shape[1] - attention_mask.shape[1], dtype=torch.long)], 1)
-        out = target.generate(ids, attention_mask=mask, max_new_tokens=1, output_scores=True,
-                              return_dict_in_generate=True, pad_token_id=0, **SAMPLING)  # fmt: skip
-        return out.scores[0][0].softmax(-1).double()
-
-    law = torch.zeros((SMALL_VOCAB,) * NEW_TOKENS, dtype=torch.float64)
-    first = next_law(input_ids)
-    for a in range(SMALL_VOCAB):
-        second = next_law(torch.cat([input_ids, torch.tensor([[a]])], 1))
-        for b in range(SMALL_VOCAB):
-            law[a, b] = first[a] * second[b] * next_law(torch.cat([input_ids, torch.tensor([[a, b]])], 1))
-    return law
+COPIES, DRAWS = 250, 8  # each prompt drawn COPIES * DRAWS = 2000 times
 
 
 @pytest.fixture(scope="module")
 def sampling_setup():
     """The bigram target and overlapping drafter of `test_generation`'s chi-square test, three prompts of different
     lengths (so rows are padded and accept different numbers of drafts) and each row's exact law."""
-    target = make_bigram_target("llama", vocab_size=SMALL_VOCAB, seed=3, temperature=0.05)
+    target = make_bigram_target("llama", vocab_size=LAW_VOCAB, seed=3, temperature=0.05)
     drafter = make_oracle_drafter(target, strength=2.0, block_size=3, seed=5)
     input_ids = torch.tensor([[0, 0, 1, 4, 2, 5], [3, 1, 1, 0, 4, 2], [0, 0, 0, 0, 5, 3]])
     attention_mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 1, 1]])
-    laws = [exact_row_law(target, input_ids[r : r + 1], attention_mask[r : r + 1]) for r in range(len(input_ids))]
+    laws = [exact_law(target, input_ids[r : r + 1], attention_mask[r : r + 1]) for r in range(len(input_ids))]
     return target, drafter, input_ids, attention_mask, laws
 
 
@@ -328,14 +305,14 @@ def sampled_row_counts(target, drafter, input_ids, attention_mask) -> torch.Tens
     """`(rows, V**3)` counts of each row's first three tokens, the batch repeated COPIES times, DRAWS times."""
     torch.manual_seed(1234)
     rows = len(input_ids)
-    counts = torch.zeros(rows, SMALL_VOCAB**NEW_TOKENS, dtype=torch.float64)
+    counts = torch.zeros(rows, LAW_VOCAB**LAW_TOKENS, dtype=torch.float64)
     ids, mask = input_ids.repeat(COPIES, 1), attention_mask.repeat(COPIES, 1)
     for _ in range(DRAWS):
-        out = target.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, assistant_model=drafter,
+        out = target.generate(ids, attention_mask=mask, max_new_tokens=LAW_TOKENS, assistant_model=drafter,
                               pad_token_id=0, **SAMPLING)[:, ids.shape[1] :]  # fmt: skip
-        cells = (out[:, 0] * SMALL_VOCAB + out[:, 1]) * SMALL_VOCAB + out[:, 2]
+        cells = (out[:, 0] * LAW_VOCAB + out[:, 1]) * LAW_VOCAB + out[:, 2]
         for row in range(rows):
-            counts[row] += torch.bincount(cells[row::rows], minlength=SMALL_VOCAB**NEW_TOKENS).double()
+            counts[row] += torch.bincount(cells[row::rows], minlength=LAW_VOCAB**LAW_TOKENS).double()
     return counts
 
 
@@ -471,63 +448,3 @@ def test_greedy_rows_equal_plain_generate_on_smollm2():
     reference = target.generate(**inputs, **kwargs)
     assisted = target.generate(**inputs, assistant_model=drafter, **kwargs)
     assert torch.equal(reference, assisted)
-
-
-
-# --- the benchmark -----------------------------------------------------------------------------------------------
-
-
-def test_batched_benchmark_report():
-    target = context_target("llama")
-    drafter = make_oracle_drafter(target, window_size=WINDOW, block_size=BLOCK)
-    prompts = {"short": [[5, 9, 28], [7, 1, 3, 7, 1]], "long": [list(range(1, 41))]}
-    report = run_batched_benchmark(target, drafter, prompts, batch_sizes=(1, 2, 3), max_new_tokens=8,
-                                   modes=("greedy", "sampled"), pad_token_id=0)  # fmt: skip
-    keys = {(row["workload"], row["mode"], row["batch_size"]) for row in report["rows"]}
-    assert keys == {(w, m, b) for w in prompts for m in ("greedy", "sampled") for b in (1, 2, 3)}
-    for row in report["rows"]:
-        assert row["plain_new_tokens"] == row["longspark_new_tokens"] == 8 * row["batch_size"]  # no EOS
-        assert row["plain_tokens_per_s"] > 0 and row["longspark_tokens_per_s"] > 0 and row["tau"] >= 1.0
-        assert row["greedy_identical"] is (True if row["mode"] == "greedy" else None)
-    assert [r["padded_width"] for r in report["rows"] if r["workload"] == "short"][:3] == [3, 5, 5]
-    table = format_batched(report)
-    assert table.count("\n| short | greedy |") == 3 and "| long | sampled | 3 | 40 |" in table
-
-
-def test_batched_benchmark_command_line(tmp_path, monkeypatch):
-    """`longspark bench --batch-sizes ...` end to end, on a tiny target (its loading and prompts stubbed)."""
-    from types import SimpleNamespace
-
-    from transformers_longspark.benchmarks import cli
-
-    target = context_target("qwen3")
-    drafter = make_oracle_drafter(target, window_size=WINDOW, block_size=BLOCK)
-    monkeypatch.setattr(cli, "_load_target", lambda args: (target, SimpleNamespace(pad_token_id=0, eos_token_id=1)))
-    monkeypatch.setattr(cli, "_load_drafter", lambda args, target: (drafter, {"trained": False}))
-    monkeypatch.setattr(cli, "short_prompts", lambda tokenizer, n, held_out: [{"input_ids": [5, 9, 28]}] * n)
-    monkeypatch.setattr(cli, "long_context_prompts", lambda *a, **k: [{"input_ids": list(range(2, 30))}])
-    path = tmp_path / "batched.json"
-    benchmarks.main(["--batch-sizes", "1", "4", "--max-new-tokens", "6", "--modes", "greedy", "--json", str(path)])
-    report = json.loads(path.read_text())
-    assert report["benchmark"] == "batched" and report["command"].startswith("longspark bench --batch-sizes 1 4")
-    assert [(row["workload"], row["batch_size"]) for row in report["rows"]] == [("short", 1), ("short", 4),
-                                                                                ("long", 1), ("long", 4)]  # fmt: skip
-    assert all(row["greedy_identical"] for row in report["rows"])
-
-
-def test_speed_comparison_command_line_without_batch_sizes(monkeypatch):
-    """`longspark bench` without `--batch-sizes` asks for `--num-short-prompts` prompts and runs the comparison."""
-    from types import SimpleNamespace
-
-    from transformers_longspark.benchmarks import cli
-
-    target = context_target("qwen3")
-    monkeypatch.setattr(cli, "_load_target", lambda args: (target, SimpleNamespace(pad_token_id=0, eos_token_id=1)))
-    monkeypatch.setattr(cli, "_load_drafter", lambda args, target: (make_drafter(target), {"trained": False}))
-    asked = []
-    monkeypatch.setattr(cli, "short_prompts", lambda tokenizer, n, held_out: asked.append(n) or [])
-    compared = []
-    monkeypatch.setattr(cli, "run_speed_benchmark", lambda *args, **kwargs: compared.append(args) or {"rows": []})
-    monkeypatch.setattr(cli, "format_markdown", lambda result: "")
-    benchmarks.main(["--workloads", "short", "--num-short-prompts", "3"])
-    assert asked == [3] and len(compared) == 1

@@ -10,28 +10,23 @@ import pytest
 import torch
 from transformers import AttentionInterface
 
-from conftest import make_bigram_target, make_drafter, make_oracle_drafter, make_target
+from helpers import context_target, make_bigram_target, make_drafter, make_oracle_drafter, make_target
 from transformers_longspark import benchmarks
-from transformers_longspark.benchmarks import (
-    DEFAULT_METHODS,
-    DRAFTER_METHODS,
-    METHODS,
-    PLAIN_METHODS,
-    accepted_length,
+from transformers_longspark.benchmarks import memory, run_batched_benchmark, run_drafting_cost, run_speed_benchmark
+from transformers_longspark.benchmarks.batched import format_batched
+from transformers_longspark.benchmarks.common import count_forward_calls
+from transformers_longspark.benchmarks.defaults import METHODS, PLAIN_METHODS
+from transformers_longspark.benchmarks.drafting_cost import full_prefix_state_bytes
+from transformers_longspark.benchmarks.models import make_full_prefix_drafter
+from transformers_longspark.benchmarks.report import format_markdown, format_memory, plot_drafting_cost
+from transformers_longspark.benchmarks.speed import DEFAULT_METHODS, DRAFTER_METHODS, drafter_settings
+from transformers_longspark.benchmarks.speed_summary import (
+    METHOD_LABELS,
     add_speedups,
-    count_forward_calls,
-    format_markdown,
-    full_prefix_state_bytes,
-    make_full_prefix_drafter,
-    memory,
     new_tokens_from_round_log,
-    plot_drafting_cost,
-    run_drafting_cost,
-    run_speed_benchmark,
     summarize_runs,
 )
-from transformers_longspark.benchmarks.speed import drafter_settings
-from transformers_longspark.inference.stats import DraftingStats
+from transformers_longspark.inference.stats import DraftingStats, tau
 from transformers_longspark.inference.verification import (
     ATTENTION_NAME,
     ReservedDynamicLayer,
@@ -56,18 +51,18 @@ DRAFTER_FIELDS = {
 # --- tau ----------------------------------------------------------------------------------------------------------
 
 
-def test_accepted_length_from_a_known_round_log():
+def test_tau_from_a_known_round_log():
     log = [3, 0, 6, 2]  # draft tokens accepted in each verification round
     new_tokens = new_tokens_from_round_log(log)
     assert new_tokens == 1 + 4 + 1 + 7 + 3  # prefill token, then accepted + bonus per round
-    assert accepted_length(new_tokens, len(log)) == pytest.approx(3.75)  # mean accepted + 1
-    assert accepted_length(new_tokens_from_round_log([0] * 9), 9) == 1.0  # nothing accepted: plain decoding
+    assert tau(new_tokens, len(log)) == pytest.approx(3.75)  # mean accepted + 1
+    assert tau(new_tokens_from_round_log([0] * 9), 9) == 1.0  # nothing accepted: plain decoding
 
 
 @pytest.mark.parametrize("new_tokens, rounds", [(5, 0), (0, 1), (3, 4)])
-def test_accepted_length_refuses_impossible_logs(new_tokens, rounds):
+def test_tau_refuses_impossible_logs(new_tokens, rounds):
     with pytest.raises(ValueError):
-        accepted_length(new_tokens, rounds)
+        tau(new_tokens, rounds)
 
 
 def test_summary_tau_is_token_weighted_over_prompts():
@@ -280,7 +275,7 @@ def test_speed_report_is_json_and_markdown_lists_every_method(speed_report, tmp_
     path.write_text(json.dumps(speed_report))
     assert json.loads(path.read_text())["rows"]
     table = format_markdown(speed_report)
-    for label in benchmarks.METHOD_LABELS.values():
+    for label in METHOD_LABELS.values():
         assert f"| {label} |" in table
     main_table = table.split("\n\n")[0]
     rows_per_workload = len(DEFAULT_METHODS["greedy"]) + len(DEFAULT_METHODS["sampled"])
@@ -397,4 +392,101 @@ def test_memory_benchmark_report(tmp_path, monkeypatch):
         assert {"plain_peak_mib", "assisted_peak_mib", "extra_peak_mib", "extra_runtime_mib"} <= set(row)
         assert row["plain_peak_mib"] > 0 and row["drafter_context_state_bytes"] > 0
     assert "extra_peak_growth_mib" in result
-    assert "| 48 |" in benchmarks.format_memory(result)
+    assert "| 48 |" in format_memory(result)
+
+
+# --- batched benchmark -----------------------------------------------------------------------------------------------
+
+
+def test_batched_benchmark_report():
+    target = context_target("llama")
+    drafter = make_oracle_drafter(target, window_size=8, block_size=4)
+    prompts = {"short": [[5, 9, 28], [7, 1, 3, 7, 1]], "long": [list(range(1, 41))]}
+    report = run_batched_benchmark(target, drafter, prompts, batch_sizes=(1, 2, 3), max_new_tokens=8,
+                                   modes=("greedy", "sampled"), pad_token_id=0)  # fmt: skip
+    keys = {(row["workload"], row["mode"], row["batch_size"]) for row in report["rows"]}
+    assert keys == {(w, m, b) for w in prompts for m in ("greedy", "sampled") for b in (1, 2, 3)}
+    for row in report["rows"]:
+        assert row["plain_new_tokens"] == row["longspark_new_tokens"] == 8 * row["batch_size"]  # no EOS
+        assert row["plain_tokens_per_s"] > 0 and row["longspark_tokens_per_s"] > 0 and row["tau"] >= 1.0
+        assert row["greedy_identical"] is (True if row["mode"] == "greedy" else None)
+    assert [r["padded_width"] for r in report["rows"] if r["workload"] == "short"][:3] == [3, 5, 5]
+    table = format_batched(report)
+    assert table.count("\n| short | greedy |") == 3 and "| long | sampled | 3 | 40 |" in table
+
+
+def test_batched_benchmark_command_line(tmp_path, monkeypatch):
+    """`longspark bench --batch-sizes ...` end to end, on a tiny target (its loading and prompts stubbed)."""
+    from types import SimpleNamespace
+
+    from transformers_longspark.benchmarks import cli
+
+    target = context_target("qwen3")
+    drafter = make_oracle_drafter(target, window_size=8, block_size=4)
+    monkeypatch.setattr(cli, "_load_target", lambda args: (target, SimpleNamespace(pad_token_id=0, eos_token_id=1)))
+    monkeypatch.setattr(cli, "_load_drafter", lambda args, target: (drafter, {"trained": False}))
+    monkeypatch.setattr(cli, "short_prompts", lambda tokenizer, n, held_out: [{"input_ids": [5, 9, 28]}] * n)
+    monkeypatch.setattr(cli, "long_context_prompts", lambda *a, **k: [{"input_ids": list(range(2, 30))}])
+    path = tmp_path / "batched.json"
+    benchmarks.main(["--batch-sizes", "1", "4", "--max-new-tokens", "6", "--modes", "greedy", "--json", str(path)])
+    report = json.loads(path.read_text())
+    assert report["benchmark"] == "batched" and report["command"].startswith("longspark bench --batch-sizes 1 4")
+    assert [(row["workload"], row["batch_size"]) for row in report["rows"]] == [("short", 1), ("short", 4),
+                                                                                ("long", 1), ("long", 4)]  # fmt: skip
+    assert all(row["greedy_identical"] for row in report["rows"])
+
+
+def test_speed_comparison_command_line_without_batch_sizes(monkeypatch):
+    """`longspark bench` without `--batch-sizes` asks for `--num-short-prompts` prompts and runs the comparison."""
+    from types import SimpleNamespace
+
+    from transformers_longspark.benchmarks import cli
+
+    target = context_target("qwen3")
+    monkeypatch.setattr(cli, "_load_target", lambda args: (target, SimpleNamespace(pad_token_id=0, eos_token_id=1)))
+    monkeypatch.setattr(cli, "_load_drafter", lambda args, target: (make_drafter(target), {"trained": False}))
+    asked = []
+    monkeypatch.setattr(cli, "short_prompts", lambda tokenizer, n, held_out: asked.append(n) or [])
+    compared = []
+    monkeypatch.setattr(cli, "run_speed_benchmark", lambda *args, **kwargs: compared.append(args) or {"rows": []})
+    monkeypatch.setattr(cli, "format_markdown", lambda result: "")
+    benchmarks.main(["--workloads", "short", "--num-short-prompts", "3"])
+    assert asked == [3] and len(compared) == 1
+
+
+# --- tau of several drafters ---------------------------------------------------------------------------------------
+
+
+def test_tau_command_compares_drafters_on_the_same_prompts(tmp_path, monkeypatch):
+    """`longspark bench tau --drafter NAME=FOLDER ...`: every drafter decodes every prompt; greedy outputs agree, and
+    tau and the per-position acceptance come from `inference.stats`."""
+    from types import SimpleNamespace
+
+    from transformers_longspark.benchmarks import cli
+
+    target = context_target("qwen3")
+    drafters = {
+        str(tmp_path / "oracle"): make_oracle_drafter(target, window_size=8, block_size=4),
+        str(tmp_path / "random"): make_drafter(target),
+    }
+    for folder in drafters:
+        (tmp_path / folder).mkdir()
+    monkeypatch.setattr(cli, "_load_target", lambda args: (target, SimpleNamespace(pad_token_id=0, eos_token_id=1)))
+    monkeypatch.setattr(cli, "_load_drafter_from", lambda args, target, path: (drafters[path], {"path": path}))
+    monkeypatch.setattr(cli, "short_prompts", lambda tokenizer, n, held_out: [{"input_ids": [5, 9, 28]}] * n)
+    monkeypatch.setattr(cli, "long_context_prompts", lambda *a, **k: [{"input_ids": list(range(2, 30))}])
+    path = tmp_path / "tau.json"
+    oracle, random = (f"--drafter={name}={folder}" for name, folder in zip(("oracle", "random"), drafters))
+    benchmarks.main(["tau", oracle, random, "--num-short-prompts", "2", "--max-new-tokens", "8", "--json", str(path)])
+    report = json.loads(path.read_text())
+    rows = {(row["workload"], row["drafter"]): row for row in report["rows"]}
+    assert set(rows) == {(w, d) for w in ("short", "long") for d in ("oracle", "random")}
+    for row in rows.values():
+        assert row["greedy_identical"] and row["tau"] == tau(row["new_tokens"], row["rounds"], row["prompts"])
+    assert rows["short", "oracle"]["tau"] > rows["short", "random"]["tau"]
+    assert rows["long", "oracle"]["acceptance_rates"][0] > 0 and rows["short", "random"]["acceptance_rates"] == []
+
+
+def test_tau_command_rejects_an_unnamed_drafter(tmp_path):
+    with pytest.raises(ValueError, match="NAME=FOLDER"):
+        benchmarks.main(["tau", f"--drafter={tmp_path}"])

@@ -8,30 +8,25 @@ import pytest
 import torch
 from transformers import Qwen3ForCausalLM
 
-from conftest import make_target
+from helpers import make_target
 from transformers_longspark import cli
-from transformers_longspark.benchmarks import (
+from transformers_longspark.benchmarks import add_bench_arguments, run_drafting_cost, run_verify_cost
+from transformers_longspark.benchmarks.common import Timings, measure, prefill
+from transformers_longspark.benchmarks.defaults import (
     DEFAULT_LOOKUP_MIN_MATCH,
     DEFAULT_LOOKUP_NUM_TOKENS,
     SYNTHETIC_TARGETS,
-    Timings,
-    add_bench_arguments,
-    build_random_drafter,
-    build_synthetic_target,
+)
+from transformers_longspark.benchmarks.drafting_cost import _generators, full_prefix_state_bytes, synthetic_cache
+from transformers_longspark.benchmarks.lookup_cost import LOOKUP_ROW_FIELDS, lookup_history
+from transformers_longspark.benchmarks.models import build_random_drafter, build_synthetic_target
+from transformers_longspark.benchmarks.report import (
     format_drafting_cost,
     format_verify_cost,
-    full_prefix_state_bytes,
-    measure,
     plot_drafting_cost,
     plot_verify_cost,
-    prefill,
-    reserved_copy,
-    run_drafting_cost,
-    run_verify_cost,
-    synthetic_cache,
 )
-from transformers_longspark.benchmarks.drafting_cost import _generators
-from transformers_longspark.benchmarks.lookup_cost import LOOKUP_ROW_FIELDS, lookup_history
+from transformers_longspark.benchmarks.verify_cost import reserved_copy
 from transformers_longspark.inference.verification import ReservedDynamicLayer
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_drafter, make_target
+from helpers import make_drafter, make_target
 from transformers_longspark import cli
 
 

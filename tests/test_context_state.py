@@ -3,7 +3,7 @@
 import torch
 from transformers import DynamicCache, GenerationConfig
 
-from conftest import make_drafter, make_target
+from helpers import make_drafter, make_target
 from transformers_longspark.context_state import (
     LongSparkContextState,
     merge_summaries,
@@ -103,8 +103,7 @@ def test_prefix_summaries_equal_incremental_summaries():
 def test_stacked_contexts_draft_as_each_request_alone(target_kind):
     """`stack_contexts` (the vLLM proposer's one forward for all requests): requests with windows shorter than the
     longest are left-padded and masked, and their logits equal those of a forward over each context alone."""
-    from transformers_longspark.context_state import stack_contexts
-    from transformers_longspark.inference.drafting import read_draft_context
+    from transformers_longspark.context_state import boundary_states, read_context, stack_contexts
     from transformers_longspark.targets import HiddenStateCapture
 
     target = make_target(target_kind)
@@ -118,9 +117,9 @@ def test_stacked_contexts_draft_as_each_request_alone(target_kind):
         with torch.no_grad():
             target(prompt, cache=cache)
         state = LongSparkContextState(drafter.config.num_draft_layers, drafter.config.summary_chunk_size)
-        state.boundary_states = capture.concatenated(-1)
+        state.boundary_states = boundary_states(capture.states, torch.tensor([-1]))
         capture.remove()
-        contexts.append(read_draft_context(drafter, state, cache, length))
+        contexts.append(read_context(drafter.config, drafter.summary_queries, state, cache, length))
         anchors.append(int(prompt[0, -1]))
     mask = drafter.config.mask_token_id
     blocks = torch.tensor([[a] + [mask] * (drafter.config.block_size - 1) for a in anchors])

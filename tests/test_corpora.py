@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_training import tiny_config, write_records
 
-from conftest import make_drafter, make_target
+from helpers import make_drafter, make_target, tiny_config, write_records
 from transformers_longspark.benchmarks.prompts import long_context_prompts
 from transformers_longspark.training.corpora import (
     DataMixture,

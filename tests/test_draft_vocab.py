@@ -2,11 +2,20 @@
 
 import pytest
 import torch
-from test_generation import chi_square_pvalue, exact_law, greedy_pair, sampled_counts, spy_on_verifier
-from test_training import tiny_config
 from transformers import AutoModel
 
-from conftest import make_bigram_target, make_drafter, make_oracle_drafter, make_target
+from helpers import (
+    chi_square_pvalue,
+    exact_law,
+    greedy_pair,
+    make_bigram_target,
+    make_drafter,
+    make_oracle_drafter,
+    make_target,
+    sampled_counts,
+    spy_on_verifier,
+    tiny_config,
+)
 from transformers_longspark import LongSparkConfig
 from transformers_longspark.training.data import Sequence
 from transformers_longspark.training.distillation import teacher_forced_batch

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModel
 
-from conftest import make_drafter, make_target
+from helpers import make_drafter, make_target
 from transformers_longspark import LongSparkConfig, LongSparkDrafterModel
 
 
@@ -109,6 +109,13 @@ def test_save_load_round_trip_gives_identical_proposals(tmp_path):
     torch.manual_seed(0)
     second = target.generate(prompt, assistant_model=loaded, **options)
     assert torch.equal(first, second)
+
+
+def test_confidence_threshold_is_saved_with_the_drafter(tmp_path):
+    drafter = make_drafter(make_target("qwen3"))
+    drafter.generation_config.assistant_confidence_threshold = 0.25
+    drafter.save_pretrained(tmp_path)
+    assert LongSparkDrafterModel.from_pretrained(tmp_path).generation_config.assistant_confidence_threshold == 0.25
 
 
 def test_missing_and_unexpected_tensors_are_named(tmp_path):

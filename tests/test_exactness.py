@@ -13,14 +13,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 from scipy.stats import chisquare
-from test_generation import SAMPLING, chi_square_pvalue, exact_law
-from test_generation import VOCAB as VOCAB_SMALL
 
-from conftest import make_bigram_target, make_oracle_drafter
+from helpers import LAW_VOCAB, SAMPLING, chi_square_pvalue, exact_law, make_bigram_target, make_oracle_drafter
 from transformers_longspark.context_state import DraftContext
 from transformers_longspark.inference import drafting
 from transformers_longspark.inference.batched import speculative_sampling
-from transformers_longspark.inference.drafting import draft_tokens
+from transformers_longspark.inference.drafting import DraftRequests, DraftSettings, draft_tokens
 
 VOCAB, ANCHOR, DRAWS = 4, 4, 200_000
 Q_FIRST = torch.tensor([0.5, 0.3, 0.15, 0.05])
@@ -68,10 +66,9 @@ def emitted_pairs(token_threshold: float, block_threshold: float, cut=None) -> t
     sequences = torch.full((DRAWS, 3), ANCHOR)
     rows, lengths = torch.arange(DRAWS), torch.ones(DRAWS, dtype=torch.long)
     context = DraftContext(torch.zeros(DRAWS, 1), [], [], None, [], lengths)
-    drafted, draft_logits, num_drafted = draft_tokens(
-        HandSetDrafter(), context, sequences, rows, lengths, lengths + 1, None, True, token_threshold, None,
-        block_threshold,
-    )  # fmt: skip
+    settings = DraftSettings(3, do_sample=True, token_threshold=token_threshold, block_threshold=block_threshold)
+    proposal = draft_tokens(HandSetDrafter(), context, DraftRequests(sequences, rows, lengths, lengths + 1), settings)
+    drafted, draft_logits, num_drafted = proposal.tokens, proposal.logits, proposal.num_drafted
     if cut is not None:
         num_drafted = cut(drafted, draft_logits, num_drafted)
     target_laws = torch.stack([P_FIRST.expand(DRAWS, -1), P_SECOND[drafted[:, 0]], P_SECOND[drafted[:, 1]]], dim=1)
@@ -124,7 +121,7 @@ def copies_setup():
     """A bigram target over 6 tokens and an overlapping drafter (Markov strength 1) whose second and third draft
     positions often hold a token of draft probability below 0.3 beside a likelier one: there a cut on the drawn token
     would bias the law."""
-    target = make_bigram_target("llama", vocab_size=VOCAB_SMALL, seed=3, temperature=0.05)
+    target = make_bigram_target("llama", vocab_size=LAW_VOCAB, seed=3, temperature=0.05)
     drafter = make_oracle_drafter(target, strength=1.0, block_size=3, seed=5)
     drafter.generation_config.assistant_confidence_threshold = SHIPPED_THRESHOLDS[0]
     drafter.generation_config.block_confidence_threshold = SHIPPED_THRESHOLDS[1]
@@ -140,7 +137,7 @@ def first_three_counts(target, drafter, prompt) -> torch.Tensor:
     out = target.generate(batch, attention_mask=torch.ones_like(batch), max_new_tokens=5, assistant_model=drafter,
                           **SAMPLING)  # fmt: skip
     a, b, c = out[:, prompt.shape[1] : prompt.shape[1] + 3].T
-    return torch.bincount((a * VOCAB_SMALL + b) * VOCAB_SMALL + c, minlength=VOCAB_SMALL**3).double()
+    return torch.bincount((a * LAW_VOCAB + b) * LAW_VOCAB + c, minlength=LAW_VOCAB**3).double()
 
 
 def test_generate_law_with_the_shipped_thresholds(copies_setup):
@@ -155,8 +152,9 @@ def test_generate_law_detects_a_cut_on_the_drawn_token(copies_setup, monkeypatch
     target, drafter, prompt, law = copies_setup
 
     def biased_draft_tokens(*args, **kwargs):
-        drafted, logits, num_drafted = draft_tokens(*args, **kwargs)
-        return drafted, logits, cut_on_drawn_probability(drafted, logits, num_drafted, position=1)
+        proposal = draft_tokens(*args, **kwargs)
+        proposal.num_drafted = cut_on_drawn_probability(proposal.tokens, proposal.logits, proposal.num_drafted)
+        return proposal
 
     monkeypatch.setattr(drafting, "draft_tokens", biased_draft_tokens)
     assert chi_square_pvalue(first_three_counts(target, drafter, prompt), law) < 1e-6

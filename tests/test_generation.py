@@ -2,19 +2,23 @@
 
 import pytest
 import torch
-from scipy.stats import chisquare
 from transformers import TextStreamer
 from transformers.generation import utils as generation_utils
 
-from conftest import make_bigram_target, make_drafter, make_oracle_drafter, make_target
+from helpers import (
+    LAW_VOCAB,
+    chi_square_pvalue,
+    exact_law,
+    greedy_pair,
+    make_bigram_target,
+    make_drafter,
+    make_oracle_drafter,
+    make_target,
+    sampled_counts,
+    spy_on_verifier,
+)
 
 WINDOW, BLOCK = 8, 4
-
-
-def greedy_pair(target, drafter, prompt, **kwargs):
-    reference = target.generate(prompt, do_sample=False, **kwargs)
-    assisted = target.generate(prompt, do_sample=False, assistant_model=drafter, **kwargs)
-    return reference, assisted
 
 
 @pytest.mark.parametrize("prompt_length", [3, WINDOW, WINDOW + 1, 5 * WINDOW])
@@ -80,25 +84,30 @@ def test_streamer_and_dict_outputs():
         torch.testing.assert_close(ref_scores, scores, rtol=1e-4, atol=1e-4)
 
 
-def test_generation_without_a_longspark_drafter_is_unchanged():
+def test_generation_without_a_longspark_drafter_is_unchanged(monkeypatch):
+    """With the generate() hook installed (a LongSpark drafter on the same target is routed to its candidate
+    generator), plain `generate` makes no candidate generator and prompt lookup keeps transformers' own."""
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+    from transformers.generation.utils import GenerationMixin
+
+    from transformers_longspark.inference.generation import LongSparkCandidateGenerator
+
+    made = []
+    routed = GenerationMixin._get_candidate_generator
+
+    def spy(self, *args, **kwargs):
+        made.append(routed(self, *args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(GenerationMixin, "_get_candidate_generator", spy)
     target = make_target("llama")
-    prompt = torch.randint(0, 64, (1, 6))
+    prompt = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(0))
     plain = target.generate(prompt, max_new_tokens=8, do_sample=False)
+    assert made == []
     lookup = target.generate(prompt, max_new_tokens=8, do_sample=False, prompt_lookup_num_tokens=3)
-    assert torch.equal(plain, lookup)
-
-
-def spy_on_verifier(monkeypatch) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Records `(drafted tokens, draft logits)` of every speculative-sampling verification."""
-    seen = []
-    original = generation_utils._speculative_sampling
-
-    def spy(candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs):
-        seen.append((candidate_input_ids[0, -candidate_length:], candidate_logits[0]))
-        return original(candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs)
-
-    monkeypatch.setattr(generation_utils, "_speculative_sampling", spy)
-    return seen
+    assisted = target.generate(prompt, max_new_tokens=8, do_sample=False, assistant_model=make_drafter(target))
+    assert torch.equal(plain, lookup) and torch.equal(plain, assisted)
+    assert [type(generator) for generator in made] == [PromptLookupCandidateGenerator, LongSparkCandidateGenerator]
 
 
 def test_draft_logits_are_the_distributions_the_candidates_were_sampled_from(monkeypatch):
@@ -118,47 +127,6 @@ def test_draft_logits_are_the_distributions_the_candidates_were_sampled_from(mon
 
 # --- sampling is lossless: chi-square test of the joint law of the first three sampled tokens -------------------
 
-SAMPLING = dict(do_sample=True, temperature=0.9, top_k=4, repetition_penalty=1.2)
-VOCAB, NEW_TOKENS, DRAWS = 6, 3, 2000
-
-
-def exact_law(target, prompt) -> torch.Tensor:
-    """`(V, V, V)` probability of each 3-token continuation under the target with the SAMPLING processors."""
-
-    def next_law(prefix):
-        out = target.generate(prefix, max_new_tokens=1, output_scores=True, return_dict_in_generate=True, **SAMPLING)
-        return out.scores[0][0].softmax(-1)
-
-    law = torch.zeros(VOCAB, VOCAB, VOCAB, dtype=torch.float64)
-    first = next_law(prompt)
-    for a in range(VOCAB):
-        second = next_law(torch.cat([prompt, torch.tensor([[a]])], 1))
-        for b in range(VOCAB):
-            third = next_law(torch.cat([prompt, torch.tensor([[a, b]])], 1))
-            law[a, b] = first[a] * second[b] * third
-    return law
-
-
-def sampled_counts(target, drafter, prompt) -> torch.Tensor:
-    torch.manual_seed(1234)
-    counts = torch.zeros(VOCAB**NEW_TOKENS, dtype=torch.float64)
-    for _ in range(DRAWS):
-        out = target.generate(prompt, max_new_tokens=NEW_TOKENS, assistant_model=drafter, **SAMPLING)
-        a, b, c = out[0, prompt.shape[1] :].tolist()
-        counts[(a * VOCAB + b) * VOCAB + c] += 1
-    return counts
-
-
-def chi_square_pvalue(counts, law) -> float:
-    expected = law.flatten() / law.sum() * counts.sum()
-    keep = expected > 0
-    assert counts[~keep].sum() == 0, "a continuation of probability zero was sampled"
-    # Pool the rare cells so that every expected count is >= 5.
-    rare = keep & (expected < 5)
-    observed = torch.cat([counts[keep & ~rare], counts[rare].sum().view(1)])
-    expected = torch.cat([expected[keep & ~rare], expected[rare].sum().view(1)])
-    return float(chisquare(observed.numpy(), expected.numpy()).pvalue)
-
 
 def broken_speculative_sampling(candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs):
     """A deliberately wrong verifier: after a rejection it resamples from p instead of norm(max(p - q, 0))."""
@@ -175,7 +143,7 @@ def broken_speculative_sampling(candidate_input_ids, candidate_logits, candidate
 def sampling_setup():
     """A bigram target with a spread-out law, and a drafter whose law overlaps it without equalling it: many drafts
     are accepted and many rejected, so both the acceptance test and the residual resampling are exercised."""
-    target = make_bigram_target("llama", vocab_size=VOCAB, seed=3, temperature=0.05)
+    target = make_bigram_target("llama", vocab_size=LAW_VOCAB, seed=3, temperature=0.05)
     drafter = make_oracle_drafter(target, strength=2.0, block_size=3, seed=5)
     prompt = torch.tensor([[1, 4, 2, 5]])
     return target, drafter, prompt, exact_law(target, prompt)
@@ -265,10 +233,11 @@ def test_block_confidence_threshold_cuts_where_the_block_probability_falls(targe
     original = drafting.draft_tokens
 
     def spy(*args, **kwargs):
-        tokens, logits, num_drafted = original(*args, **kwargs)
+        proposal = original(*args, **kwargs)
+        tokens, logits = proposal.tokens, proposal.logits
         probs = logits[0].softmax(-1)[torch.arange(tokens.shape[1]), tokens[0]]
-        blocks.append((probs.cumprod(0), int(num_drafted[0]), tokens.shape[1]))
-        return tokens, logits, num_drafted
+        blocks.append((probs.cumprod(0), int(proposal.num_drafted[0]), tokens.shape[1]))
+        return proposal
 
     monkeypatch.setattr(drafting, "draft_tokens", spy)
     target = make_bigram_target(target_kind, vocab_size=64, seed=2)
@@ -282,15 +251,6 @@ def test_block_confidence_threshold_cuts_where_the_block_probability_falls(targe
         below = [i for i in range(1, drafted) if block_probability[i] < threshold]
         assert kept == (below[0] if below else drafted)
     assert any(kept < drafted for _, kept, drafted in blocks) and any(kept > 1 for _, kept, _ in blocks)
-
-
-def test_confidence_threshold_is_saved_with_the_drafter(tmp_path):
-    from transformers_longspark import LongSparkDrafterModel
-
-    drafter = make_drafter(make_target("qwen3"))
-    drafter.generation_config.assistant_confidence_threshold = 0.25
-    drafter.save_pretrained(tmp_path)
-    assert LongSparkDrafterModel.from_pretrained(tmp_path).generation_config.assistant_confidence_threshold == 0.25
 
 
 @pytest.mark.parametrize("batch_size", [1, 3])
@@ -310,11 +270,11 @@ def test_processors_see_each_drafted_token_while_a_block_is_drafted(batch_size, 
     calls, rounds = [], []
     original = drafting.draft_tokens
 
-    def spy(drafter, context, sequences, rows, lengths, *args, **kwargs):
+    def spy(drafter, context, requests, settings):
         start = len(calls)
-        tokens, logits, num_drafted = original(drafter, context, sequences, rows, lengths, *args, **kwargs)
-        rounds.append((rows.clone(), lengths.clone(), tokens.clone(), calls[start:]))
-        return tokens, logits, num_drafted
+        proposal = original(drafter, context, requests, settings)
+        rounds.append((requests.rows.clone(), requests.lengths.clone(), proposal.tokens.clone(), calls[start:]))
+        return proposal
 
     monkeypatch.setattr(drafting, "draft_tokens", spy)
     target = make_bigram_target("llama", vocab_size=64, seed=2)

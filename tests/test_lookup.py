@@ -61,27 +61,27 @@ def test_bad_ngram_range_is_refused():
 def test_generate_proposes_the_continuation_of_the_current_suffix(batch_size, monkeypatch):
     """Every lookup proposal in `generate` is the brute-force continuation of the request's tokens so far (prompt
     and generated, left padding excluded): the index is extended with exactly the committed tokens, anchor included."""
-    from conftest import make_drafter, make_target
-    from transformers_longspark.inference import batched, drafting, generation
+    from helpers import make_drafter, make_target
+    from transformers_longspark.inference import drafting, session
 
     checked = []
     original = drafting.propose_blocks
 
-    def spy(drafter, context, sequences, rows, lengths, room, lookups, draft_kwargs):
-        before = [sequences[row, lookup.offset : int(length)].tolist() for row, lookup, length in
-                  zip(rows.tolist(), lookups, lengths)]  # fmt: skip
-        tokens, logits, num_drafted, from_lookup = original(drafter, context, sequences, rows, lengths, room, lookups,
-                                                            draft_kwargs)  # fmt: skip
-        for r in from_lookup.nonzero()[:, 0].tolist():
+    def spy(drafter, context, requests, settings, lookups=None):
+        rows, lengths = requests.rows.tolist(), requests.lengths.tolist()
+        before = [requests.sequences[row, lookup.offset : length].tolist() for row, lookup, length in
+                  zip(rows, lookups, lengths)]  # fmt: skip
+        proposal = original(drafter, context, requests, settings, lookups)
+        tokens, num_drafted = proposal.tokens, proposal.num_drafted
+        for r in proposal.from_lookup.nonzero()[:, 0].tolist():
             n, start = brute_force_match(before[r], 2, drafting.LOOKUP_MAX_NGRAM)
             expected = (before[r] + [0] * 16)[start : start + int(num_drafted[r])]
             proposed = tokens[r, : int(num_drafted[r])].tolist()
             assert n >= 2 and proposed[: len(before[r]) - start] == expected[: len(before[r]) - start]
             checked.append(r)
-        return tokens, logits, num_drafted, from_lookup
+        return proposal
 
-    monkeypatch.setattr(generation, "propose_blocks", spy)
-    monkeypatch.setattr(batched, "propose_blocks", spy)
+    monkeypatch.setattr(session, "propose_blocks", spy)
     target = make_target("qwen3")
     drafter = make_drafter(target)
     drafter.generation_config.lookup_min_match = 2

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers.generation.streamers import BaseStreamer
 
-from conftest import make_bigram_target, make_oracle_drafter
+from helpers import make_bigram_target, make_oracle_drafter
 from transformers_longspark.inference import verification
 
 PROMPTS = [torch.tensor([[5, 9, 28, 3]]), torch.tensor([[7, 1, 40, 22, 13, 2]])]

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import make_drafter, make_target
+from helpers import make_drafter, make_target
 from transformers_longspark import LongSparkConfig
 from transformers_longspark.context_state import DraftContext
 from transformers_longspark.training.run import TrainingConfig, build_drafter

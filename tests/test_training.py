@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from conftest import make_bigram_target, make_drafter, make_target
+from helpers import make_bigram_target, make_drafter, make_target, tiny_config
 from transformers_longspark.inference.generation import LongSparkCandidateGenerator
 from transformers_longspark.training.data import Sequence, load_sequences
 from transformers_longspark.training.distillation import draft_loss, sample_anchors, sequence_loss, teacher_forced_batch
@@ -91,27 +91,6 @@ def test_training_views_and_logits_equal_inference(target_kind, overrides):
         p = target(ids[None, : t + 7]).logits[0, t : t + 7]
         n = int(batch.valid[a].sum())
         torch.testing.assert_close(batch.target_probs[a, :n], p[:n].softmax(-1), rtol=1e-4, atol=1e-5)
-
-
-def write_records(path, num=6, length=24, prompt=4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    path.mkdir(parents=True, exist_ok=True)
-    with (path / "part-00000.jsonl").open("w") as f:
-        for i in range(num):
-            ids = torch.randint(0, 64, (length,), generator=g).tolist()
-            f.write(json.dumps({"id": i, "prompt_ids": ids[:prompt], "response_ids": ids[prompt:]}) + "\n")
-    return path
-
-
-def tiny_config(tmp_path, **overrides):
-    values = dict(
-        output_dir=str(tmp_path / "run"), train_data=str(write_records(tmp_path / "data")),
-        drafter=dict(window_size=8, num_summary_queries=4, markov_rank=8, block_size=4, num_selected_layers=3),
-        anchors_per_sequence=8, gradient_accumulation_steps=2, learning_rate=3e-3, max_steps=6, epochs=100,
-        checkpoint_every=2, eval_every=1000, tau_prompts=0, max_seq_len=64,
-    )  # fmt: skip
-    values.update(overrides)
-    return TrainingConfig(**values)
 
 
 def test_a_few_steps_lower_the_loss_on_a_fixed_batch(tmp_path):

@@ -5,7 +5,7 @@ import torch
 from transformers import DynamicCache, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from transformers.cache_utils import DynamicLayer
 
-from conftest import make_drafter, make_target
+from helpers import make_drafter, make_target
 from transformers_longspark.inference.verification import (
     ATTENTION_NAME,
     ReservedDynamicLayer,

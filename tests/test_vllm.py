@@ -27,6 +27,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from helpers import pack_blocks
 from transformers_longspark.vllm import DRAFTER_ENV, LongSparkProposer, PagedRequestRows, unpack_blocks
 from transformers_longspark.vllm.cpu_sampling import expand_batch_to_tokens
 
@@ -45,26 +46,6 @@ NUM_SPECULATIVE = 7  # run.py's default: the shipped drafter's block size
 SAMPLES = 200  # sampled requests per prompt and temperature
 SAMPLE_TOKENS = 3
 CONTROL_TEMPERATURE = 0.5  # the negative control: LongSpark at another temperature than plain vLLM's 1.0
-
-
-def pack_blocks(keys: torch.Tensor, values: torch.Tensor, layout: str, block_size: int) -> torch.Tensor:
-    """Reference writer (the formulas of vLLM's CPU kernels): `(h, n * block_size, d)` K/V -> raw blocks."""
-    heads, rows, head_dim = keys.shape
-    n = rows // block_size
-    blocks = torch.empty(n, heads, block_size, 2 * head_dim, dtype=keys.dtype)
-    flat = blocks.view(n, heads, 2, block_size * head_dim)
-    for b in range(n):
-        for h in range(heads):
-            k, v = keys[h, b * block_size : (b + 1) * block_size], values[h, b * block_size : (b + 1) * block_size]
-            for t in range(block_size):
-                for d in range(head_dim):
-                    if layout == "amx":
-                        k_at = (t // 16) * 16 * head_dim + (d // 2) * 32 + (t % 16) * 2 + d % 2
-                        v_at = (d // 16) * block_size * 16 + (t // 2) * 32 + (d % 16) * 2 + t % 2
-                    else:
-                        k_at, v_at = d * block_size + t, t * head_dim + d
-                    flat[b, h, 0, k_at], flat[b, h, 1, v_at] = k[t, d], v[t, d]
-    return blocks
 
 
 @pytest.mark.parametrize("layout", ["vec", "amx"])
@@ -113,7 +94,7 @@ def fake_vllm_config(hf_config, num_speculative_tokens: int):
 
 
 def test_proposer_errors_name_the_fix(tmp_path, monkeypatch):
-    from conftest import make_drafter, make_target
+    from helpers import make_drafter, make_target
 
     target = make_target("llama")
     make_drafter(target).save_pretrained(tmp_path)

@@ -4,8 +4,8 @@ The fake holds what the proposer reads of vLLM 0.32's V1 runner: the batch (`inp
 computed tokens, the block table of one KV-cache group), `query_start_loc`, the paged KV cache (written with the
 reference packer of `test_vllm.py`, rejected drafts' rows left in it as noise) and the step's hidden states. The
 drafts it returns for each request must equal the transformers path's for that request alone: the same target rows
-in a `DynamicCache`, the same boundary states, `read_draft_context` + `propose_blocks` with a state (and, with lookup
-on, a lookup index) kept per request. What it cannot serve is refused by name.
+in a `DynamicCache`, the same boundary states, a `DraftSession`'s `read_context` + `propose` with a state (and,
+with lookup on, a lookup index) kept per request. What it cannot serve is refused by name.
 """
 
 from __future__ import annotations
@@ -18,17 +18,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from test_vllm import pack_blocks
 
-from conftest import make_drafter, make_target
-from transformers_longspark.context_state import LongSparkContextState
-from transformers_longspark.inference.drafting import (
-    drafting_thresholds,
-    new_lookup,
-    propose_blocks,
-    read_draft_context,
-)
+from helpers import make_drafter, make_target, pack_blocks
+from transformers_longspark.context_state import LongSparkContextState, boundary_states
+from transformers_longspark.inference.drafting import DraftRequests, DraftSettings
 from transformers_longspark.inference.lookup import SuffixIndex
+from transformers_longspark.inference.session import DraftSession
 from transformers_longspark.targets import HiddenStateCapture
 from transformers_longspark.vllm import DRAFT_LOG_ENV, DRAFTER_ENV, LongSparkProposer
 from transformers_longspark.vllm.proposer import eos_token_ids, step_row
@@ -111,28 +106,16 @@ def run_target(target, layer_ids: list[int], tokens: list[int]):
 def transformers_drafts(drafter, request: Request, cache, hidden: list[torch.Tensor], num_rows: int) -> Reference:
     """The transformers path's round for one request alone, as `generation.py` runs it: its state absorbs the cache
     (boundary at the last row), its lookup index reads the request's tokens up to the anchor from the sequence."""
-    config = drafter.config
+    session = DraftSession(drafter, drafter.target, DraftSettings.from_drafter(drafter), capture=False)
     if request.state is None:
-        request.state = LongSparkContextState(config.num_draft_layers, config.summary_chunk_size)
-        request.lookup = new_lookup(drafter)
-    request.state.boundary_states = torch.cat([h[num_rows - 1] for h in hidden])[None]
-    context = read_draft_context(drafter, request.state, cache, num_rows)
+        request.state, request.lookup = session.new_state(), session.new_lookup()
+    request.state.boundary_states = boundary_states([h[None] for h in hidden], torch.tensor([num_rows - 1]))
+    context = session.read_context(request.state, cache, num_rows)
     sequences = torch.tensor([request.tokens[: num_rows + 1] + [0] * NUM_SPECULATIVE])
     row = torch.zeros(1, dtype=torch.long)
-    token_threshold, block_threshold = drafting_thresholds(drafter)
-    draft_kwargs = dict(
-        logits_processor=None,
-        do_sample=False,
-        confidence_threshold=token_threshold,
-        eos_token_ids=None,
-        block_confidence_threshold=block_threshold,
-    )
-    lookups = None if request.lookup is None else [request.lookup]
-    lengths, room = row + num_rows + 1, row + NUM_SPECULATIVE
-    tokens, _, num_drafted, from_lookup = propose_blocks(
-        drafter, context, sequences, row, lengths, room, lookups, draft_kwargs
-    )
-    return Reference(tokens[0, : int(num_drafted[0])].tolist(), bool(from_lookup[0]))
+    requests = DraftRequests(sequences, row, lengths=row + num_rows + 1, room=row + NUM_SPECULATIVE)
+    proposal = session.propose(context, requests, None if request.lookup is None else [request.lookup])
+    return Reference(proposal.tokens[0, : int(proposal.num_drafted[0])].tolist(), bool(proposal.from_lookup[0]))
 
 
 def fake_block_table(scheduled: list[Scheduled]) -> SimpleNamespace:
@@ -249,7 +232,7 @@ def test_drafts_equal_the_transformers_path_per_request(served):
         [Scheduled(c, 0, 16, None), Scheduled(a, 20, 5, 23), Scheduled(d, 30, 5, 35), Scheduled(b, 16, 21, 37)],
         [Scheduled(b, 37, 5, 38), Scheduled(c, 16, 10, 26), Scheduled(a, 23, 5, 28)],  # d left; a's state is kept
     ])  # fmt: skip
-    assert served.proposer.stats.states_built == 4  # a, d, b in step 1, c in step 2; a and b were kept
+    assert served.proposer.states_built == 4  # a, d, b in step 1, c in step 2; a and b were kept
     assert not any(r.from_lookup for r in rounds) and served.proposer.stats.lookup_rounds == 0
 
 
@@ -271,7 +254,7 @@ def test_lookup_and_drafted_proposals_equal_the_transformers_path(tmp_path, monk
     rounds += run_steps(served, [[Scheduled(e, 20, 5, 24), Scheduled(b, 30, 5, 32)]])
     sources = [r.from_lookup for r in rounds]
     assert sources == [False, False, True, False, True, False, True, True, False, True, False]
-    assert served.proposer.stats.lookup_rounds == 5 and served.proposer.stats.states_built == 7
+    assert served.proposer.stats.lookup_rounds == 5 and served.proposer.states_built == 7
     log = [json.loads(line) for line in served.log.read_text().splitlines()]
     assert [entry["source"] == "lookup" for entry in log] == sources
     built = [entry["request_id"][4:] for entry in log if entry["state_built"]]
@@ -373,7 +356,7 @@ def test_eos_ids_come_from_the_generation_config_and_the_model_config(saved_draf
     assert eos_token_ids(model_config(None, [3, 4])).tolist() == [3, 4]
     assert eos_token_ids(model_config(None, None)) is None
     proposer = LongSparkProposer(fake_vllm_config(saved_drafter.config, generation_config={"eos_token_id": [11, 12]}))
-    assert proposer.eos_token_ids.tolist() == [11, 12]  # the target's config names none (make_target)
+    assert proposer.settings.eos_token_ids.tolist() == [11, 12]  # the target's config names none (make_target)
 
 
 def test_lookup_continuations_may_be_longer_than_drafted_blocks(tmp_path, monkeypatch):

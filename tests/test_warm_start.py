@@ -4,9 +4,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from conftest import make_target
-from transformers_longspark.context_state import LongSparkContextState
-from transformers_longspark.inference.drafting import read_draft_context
+from helpers import make_target
+from transformers_longspark.context_state import LongSparkContextState, read_context
 from transformers_longspark.modeling_longspark import LongSparkDrafterModel
 from transformers_longspark.training.warm_start import init_from_target, warm_start_config
 
@@ -27,7 +26,7 @@ def test_anchor_slot_is_the_target_when_every_layer_is_copied(kind):
         target(prompt[:, :-1], cache=cache, use_cache=True)
         state = LongSparkContextState(config.num_draft_layers, config.summary_chunk_size)
         state.boundary_states = torch.randn(1, config.num_draft_layers * config.hidden_size)  # ignored at the start
-        context = read_draft_context(drafter, state, cache, prompt.shape[1] - 1)
+        context = read_context(config, drafter.summary_queries, state, cache, prompt.shape[1] - 1)
         logits = drafter(prompt[:, -1:], context).base_logits[0, 0]
     torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
 

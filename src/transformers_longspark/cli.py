@@ -36,16 +36,26 @@ def _count_or_fraction(text: str) -> int | float:
 def add_regenerate_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``longspark regenerate``."""
     parser.add_argument(
-        "--prompts", nargs="+", required=True,
+        "--prompts",
+        nargs="+",
+        required=True,
         help="prompt sources, interleaved round-robin: JSONL/JSON files, local datasets, or builtins "
         f"({', '.join(BUILTIN_SOURCES)})",
-    )  # fmt: skip
+    )
     parser.add_argument("--prompts-split", help="split to read from a multi-split dataset (default: train)")
-    parser.add_argument("--output", required=True, type=Path,
-                        help="output directory; with --held-out it gets train/ and held_out/ subdirectories")
+    parser.add_argument(
+        "--output",
+        required=True,
+        type=Path,
+        help="output directory; with --held-out it gets train/ and held_out/ subdirectories",
+    )
     parser.add_argument("--target", help="local path of the target model (default: the SmolLM2-135M demo target)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                        help="dtype of the target's weights (default: float32)")  # fmt: skip
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="dtype of the target's weights (default: float32)",
+    )
     parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="longest response, in tokens")
     parser.add_argument("--batch-size", type=int, default=8, help="prompts per generate call")
@@ -54,10 +64,12 @@ def add_regenerate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=20, help="0 disables top-k")
     parser.add_argument("--limit", type=int, help="generate only the first N training prompts (rerun with more later)")
     parser.add_argument(
-        "--held-out", type=_count_or_fraction, default=0,
+        "--held-out",
+        type=_count_or_fraction,
+        default=0,
         help="prompts of each source held out for evaluation: a count (40) or a fraction (0.05); they are "
         "generated first, into OUTPUT/held_out",
-    )  # fmt: skip
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the held-out split and of the sampling")
     parser.add_argument("--num-threads", type=int, help="torch CPU threads (default: torch's choice)")
 
@@ -91,12 +103,20 @@ def _run_train(args: argparse.Namespace) -> None:
 def _add_card_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("drafter_dir", type=Path, help="folder with the drafter's config.json and model.safetensors")
     parser.add_argument("--benchmark", required=True, type=Path, nargs="+", help="JSON report(s) of `longspark bench`")
-    parser.add_argument("--training-config", type=Path, nargs="+",
-                        help="the training config(s) the drafter was trained with, one per stage")
+    parser.add_argument(
+        "--training-config",
+        type=Path,
+        nargs="+",
+        help="the training config(s) the drafter was trained with, one per stage",
+    )
     parser.add_argument("--base-model", default="HuggingFaceTB/SmolLM2-135M-Instruct", help="Hub id of the target")
     parser.add_argument("--repo-id", help="Hub id the drafter will be pushed to (for the usage snippet)")
-    parser.add_argument("--training-log", type=Path, nargs="+",
-                        help="the trainer's log.jsonl, one per stage: adds the held-out tau curve")
+    parser.add_argument(
+        "--training-log",
+        type=Path,
+        nargs="+",
+        help="the trainer's log.jsonl, one per stage: adds the held-out tau curve",
+    )
     parser.add_argument("--tokens-per-sequence", type=float, help="mean training sequence length, for the curve")
     parser.add_argument("--notes", type=Path, help="a Markdown file added as the card's Limits section")
 
@@ -104,8 +124,16 @@ def _add_card_arguments(parser: argparse.ArgumentParser) -> None:
 def _run_card(args: argparse.Namespace) -> None:
     from .model_card import write_model_card
 
-    path = write_model_card(args.drafter_dir, args.benchmark, args.training_config, args.base_model, args.repo_id,
-                            args.training_log, args.tokens_per_sequence, args.notes)  # fmt: skip
+    path = write_model_card(
+        args.drafter_dir,
+        args.benchmark,
+        args.training_config,
+        args.base_model,
+        args.repo_id,
+        args.training_log,
+        args.tokens_per_sequence,
+        args.notes,
+    )
     print(f"Wrote {path}")
 
 
@@ -141,8 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_debug_flag(parser: argparse.ArgumentParser, default: bool | str) -> None:
     """`--debug` on the parser and every subcommand, so that it works before or after the subcommand's name."""
-    parser.add_argument("--debug", action="store_true", default=default,
-                        help="show the full traceback of an error (also: LONGSPARK_DEBUG=1)")  # fmt: skip
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=default,
+        help="show the full traceback of an error (also: LONGSPARK_DEBUG=1)",
+    )
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for subparser in action.choices.values():

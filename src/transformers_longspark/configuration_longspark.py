@@ -135,6 +135,20 @@ class LongSparkConfig(PreTrainedConfig):
             )
 
     @property
+    def reads_window(self) -> bool:
+        """Whether the drafter attends to the recent window (all rows of the prefix with `full_prefix_context`)."""
+        return self.use_recent_window or self.full_prefix_context
+
+    @property
+    def reads_summary(self) -> bool:
+        """Whether the drafter attends to the global summary (never with `full_prefix_context`: it sees every row)."""
+        return self.use_global_summary and not self.full_prefix_context
+
+    def window_width(self, num_rows: int) -> int:
+        """Window rows `w` before position `num_rows`: `min(W, num_rows)`, or all of them (`full_prefix_context`)."""
+        return num_rows if self.full_prefix_context else min(self.window_size, num_rows)
+
+    @property
     def num_draft_layers(self) -> int:
         """`D`: one draft layer per selected target layer."""
         return len(self.target_layer_ids)

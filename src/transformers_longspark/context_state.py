@@ -7,17 +7,24 @@ Three views per selected target layer:
 - the **global summary**: `S_t = softmax(U K[1..t]^T / sqrt(d)) V[1..t]` for `m` learned queries `U` per KV head,
   kept as one value vector and one log-normaliser per query and updated by folding in only new rows.
 
+Each view has one home here, used by inference and training alike: `boundary_states` picks the boundary rows of the
+captured hidden states, `window_views` gathers each request's (or anchor's) last `w` real rows, and the summary is
+folded in incrementally (`LongSparkContextState.absorb`, inference) or computed for many prefixes at once
+(`prefix_summaries`, training). `read_context` is one inference round: absorb the new cache rows, gather the windows.
 `LongSparkContextState` holds the persistent part (summary + boundary) for `N` requests (one in transformers' own
-assisted loop, a batch in `batched.py`); its size per request depends on the config alone. `prefix_summaries` computes
-the same summaries for many anchors at once for training.
+assisted loop, a batch in `inference/batched.py`); its size per request depends on the config alone.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from .configuration_longspark import LongSparkConfig
+from .targets import read_cache_rows
 
 
 @dataclass
@@ -167,6 +174,46 @@ def last_real_columns(column_mask: torch.BoolTensor, width: int) -> tuple[torch.
     return index[:, :width], mask[:, :width]
 
 
+def prefix_columns(num_rows: torch.LongTensor, num_columns: int) -> torch.BoolTensor:
+    """`(N, num_columns)` column mask of `N` prefixes of one sequence: True for the first `num_rows[n]` columns."""
+    return torch.arange(num_columns, device=num_rows.device)[None, :] < num_rows[:, None]
+
+
+def boundary_states(
+    layer_states: list[torch.Tensor], positions: torch.LongTensor, rows: torch.LongTensor | None = None
+) -> torch.Tensor:
+    """The boundary view: `(N, D * hidden_size)`, the selected layers' hidden states at `positions` `(N,)`.
+
+    `layer_states`: per selected layer, `(batch, T, hidden_size)` states of one target forward; request `n` reads
+    position `positions[n]` of batch row `rows[n]` (default: row 0, e.g. one sequence's anchors in training)."""
+    rows = torch.zeros_like(positions) if rows is None else rows
+    return torch.cat([states[rows, positions] for states in layer_states], dim=-1)
+
+
+def window_views(
+    layer_rows: list[tuple[torch.Tensor, torch.Tensor]], column_mask: torch.BoolTensor | None, width: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.BoolTensor | None]:
+    """The recent-window view: each request's last `width` real rows of every selected layer.
+
+    Args:
+        layer_rows: per selected layer, `(keys, values)` `(N or 1, num_kv_heads, T, head_dim)`, the last `T` columns
+            of the cache (one sequence's rows, shared by all `N` requests, when the batch dimension is 1).
+        column_mask: `(N, T)` bool, True where a column holds a real row of request `n` (`last_real_columns`). `None`:
+            one request whose columns are all real; its window is then a view of the last `width` rows (no copy).
+
+    Returns:
+        `(keys, values, mask)`: per layer `(N, num_kv_heads, width, head_dim)`, and the `(N, width)` mask of real rows
+        (`None` without a column mask).
+    """
+    if column_mask is None:
+        return [k[:, :, -width:] for k, _ in layer_rows], [v[:, :, -width:] for _, v in layer_rows], None
+    index, mask = last_real_columns(column_mask, width)
+    n = column_mask.shape[0]
+    keys = [gather_columns(k.expand(n, -1, -1, -1), index) for k, _ in layer_rows]
+    values = [gather_columns(v.expand(n, -1, -1, -1), index) for _, v in layer_rows]
+    return keys, values, mask
+
+
 def gather_columns(rows: torch.Tensor, index: torch.LongTensor) -> torch.Tensor:
     """`rows[n, :, index[n]]`: `(N, num_kv_heads, T, head_dim)` cache rows and `(N, w)` column indices ->
     `(N, num_kv_heads, w, head_dim)`."""
@@ -221,3 +268,48 @@ class LongSparkContextState:
         """Bytes held between rounds (summary + boundary); fixed by the config, whatever the prefix length."""
         tensors = [*self.log_norms, *self.summaries, self.boundary_states]
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def read_context(
+    config: LongSparkConfig,
+    summary_queries: torch.Tensor,
+    state: LongSparkContextState,
+    cache: Any,
+    num_columns: int,
+    column_mask: torch.BoolTensor | None = None,
+) -> DraftContext:
+    """One inference round's context: absorbs the cache columns added since the last round into the summary and
+    gathers the recent windows.
+
+    Args:
+        summary_queries: `(D, num_kv_heads, m, head_dim)`, the drafter's `U`.
+        state: the requests' persistent state; its `boundary_states` must already be set for this round.
+        cache: the target cache (`targets.read_cache_rows`), `num_columns` columns long.
+        column_mask: `(N, num_columns)` bool, True where a column holds a real row of request `n` (False for left
+            padding and rejected drafts); `None`: one request whose columns are all real.
+    """
+    new_rows = num_columns - state.num_absorbed
+    if column_mask is None:
+        width = config.window_width(num_columns)
+        rows_to_read = max(new_rows if config.reads_summary else 0, width)
+        positions, new_mask = torch.tensor([num_columns], device=state.boundary_states.device), None
+    else:
+        positions = column_mask.sum(dim=1)
+        width, rows_to_read = config.window_width(int(positions.max())), num_columns
+        new_mask = column_mask[:, num_columns - new_rows :]
+    layer_rows = [read_cache_rows(cache, layer_id, rows_to_read) for layer_id in config.target_layer_ids]
+    if config.reads_summary and new_rows > 0:
+        for j, (keys, values) in enumerate(layer_rows):
+            state.absorb(j, summary_queries[j], keys[:, :, -new_rows:], values[:, :, -new_rows:], new_mask)
+    state.num_absorbed = num_columns
+    window_keys, window_values, window_mask = [], [], None
+    if config.reads_window:
+        window_keys, window_values, window_mask = window_views(layer_rows, column_mask, width)
+    return DraftContext(
+        boundary_states=state.boundary_states,
+        window_keys=window_keys,
+        window_values=window_values,
+        window_mask=window_mask,
+        summary_values=list(state.summaries) if config.reads_summary else [],
+        positions=positions,
+    )

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
@@ -26,8 +26,10 @@ def looks_like_hub_id(name: str | os.PathLike) -> bool:
 
 
 TARGET_FOLDER_FIX = "pass a model folder saved with `save_pretrained`, a Hub id, or no target for the SmolLM2 demo."
-DRAFTER_FOLDER_FIX = ("pass a folder saved by `longspark train` (it holds config.json and model.safetensors), or no "
-                      "drafter for the default.")  # fmt: skip
+DRAFTER_FOLDER_FIX = (
+    "pass a folder saved by `longspark train` (it holds config.json and model.safetensors), or no "
+    "drafter for the default."
+)
 
 
 def require_folder(name: str | os.PathLike, what: str, fix: str) -> None:
@@ -52,27 +54,31 @@ def _read_text(path: Path, what: str) -> str:
         raise ValueError(f"{what} {path} is not UTF-8 text ({error.reason} at byte {error.start}).") from error
 
 
-def read_yaml(path: str | os.PathLike, what: str = "File") -> Any:
-    """A YAML (or JSON) file's content."""
+def _parse(path: str | os.PathLike, what: str, parse: Callable[[str], Any], errors, problem: Callable) -> Any:
+    """`parse` of the file's text; a parse error `e` raises "<what> <path> is not valid <problem(e)>. Fix the file."."""
     path = require_path(path, what, "check the path.")
     try:
-        return yaml.safe_load(_read_text(path, what))
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(error, "problem", None) or str(error)
-        raise ValueError(f"{what} {path} is not valid YAML{where}: {problem}. Fix the file.") from None
+        return parse(_read_text(path, what))
+    except errors as error:
+        raise ValueError(f"{what} {path} is not valid {problem(error)}. Fix the file.") from None
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    mark = getattr(error, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"YAML{where}: {getattr(error, 'problem', None) or error}"
+
+
+def read_yaml(path: str | os.PathLike, what: str = "File") -> Any:
+    """A YAML (or JSON) file's content."""
+    return _parse(path, what, yaml.safe_load, yaml.YAMLError, _yaml_problem)
 
 
 def read_json(path: str | os.PathLike, what: str = "File") -> Any:
     """A JSON file's content."""
-    path = require_path(path, what, "check the path.")
-    try:
-        return json.loads(_read_text(path, what))
-    except json.JSONDecodeError as error:
-        raise ValueError(
-            f"{what} {path} is not valid JSON ({error.msg}: line {error.lineno} column {error.colno}). Fix the file."
-        ) from None
+    return _parse(
+        path, what, json.loads, json.JSONDecodeError, lambda e: f"JSON ({e.msg}: line {e.lineno} column {e.colno})"
+    )
 
 
 def read_jsonl(path: str | os.PathLike, what: str = "File") -> list[Any]:
@@ -94,8 +100,10 @@ def check_fields(cls: type, values: Mapping[str, Any], where: str) -> None:
     """Raises `ValueError` when `values` has keys that are not fields of the dataclass `cls` (suggesting the closest
     field names) or lacks a required one; `where` (e.g. "training config run.yaml") is named in the message."""
     names = [field.name for field in dataclasses.fields(cls)]
-    unknown = [f"{key!r}" + "".join(f" (did you mean {match!r}?)" for match in get_close_matches(str(key), names, 1))
-               for key in sorted(set(values) - set(names), key=str)]  # fmt: skip
+    unknown = [
+        f"{key!r}" + "".join(f" (did you mean {match!r}?)" for match in get_close_matches(str(key), names, 1))
+        for key in sorted(set(values) - set(names), key=str)
+    ]
     if unknown:
         listed = "" if all("did you mean" in item for item in unknown) else f"; the fields are {', '.join(names)}"
         raise ValueError(f"Unknown field(s) in the {where}: {', '.join(unknown)}. Rename or remove them{listed}.")

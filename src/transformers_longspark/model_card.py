@@ -66,8 +66,10 @@ def _results_table(reports: list[dict[str, Any]]) -> str:
     rows = [r for report in reports for r in report.get("rows", []) if r.get("method") in CARD_METHODS]
     rows.sort(key=lambda r: CARD_METHODS.index(r["method"]))
     rows.sort(key=lambda r: (r["workload"], r["mode"]))  # stable: methods stay in CARD_METHODS order
-    lines = ["| workload | mode | method | tau | tokens/s | speedup | decode speedup | identical to target |",
-             "|---|---|---|---:|---:|---:|---:|---|"]  # fmt: skip
+    lines = [
+        "| workload | mode | method | tau | tokens/s | speedup | decode speedup | identical to target |",
+        "|---|---|---|---:|---:|---:|---:|---|",
+    ]
     for r in rows:
         identical = {True: "yes", False: "NO"}.get(r.get("greedy_identical"), "-")
         decode = f"{r['decode_speedup']:.2f}x" if r.get("decode_speedup") is not None else "-"
@@ -75,13 +77,19 @@ def _results_table(reports: list[dict[str, Any]]) -> str:
             f"| {r['workload']} | {r['mode']} | {r['label']} | {r['tau']:.2f} | {r['tokens_per_s']:.1f} "
             f"| {r['speedup']:.2f}x | {decode} | {identical} |"
         )
-    lines += ["", "speedup: end to end (prompt processing included); decode speedup: the tokens after the first over "
-              "the time after the prefill, which all methods share."]  # fmt: skip
+    lines += [
+        "",
+        "speedup: end to end (prompt processing included); decode speedup: the tokens after the first over "
+        "the time after the prefill, which all methods share.",
+    ]
     slow = [r for r in rows if r["method"] == "longspark" and r.get("decode_speedup", r["speedup"]) < 1.0]
     if slow:
         cases = ", ".join(f"{r['workload']} {r['mode']} {r.get('decode_speedup', r['speedup']):.2f}x" for r in slow)
-        lines += ["", f"**On this machine the drafter decodes slower than plain generation in: {cases}. There, its "
-                  "accepted length does not pay for the drafting and the wider verification.**"]  # fmt: skip
+        lines += [
+            "",
+            f"**On this machine the drafter decodes slower than plain generation in: {cases}. There, its "
+            "accepted length does not pay for the drafting and the wider verification.**",
+        ]
     return "\n".join(lines)
 
 
@@ -103,9 +111,20 @@ def _training(training_configs: list[Path]) -> str:
     """The recipe of each training stage; a later stage starts from the drafter the previous one produced."""
     if not training_configs:
         return "See the training configuration shipped with the drafter."
-    keys = ("init_drafter", "train_data", "eval_data", "max_seq_len", "anchors_per_sequence",
-            "gradient_accumulation_steps", "learning_rate", "warmup_ratio", "epochs", "max_steps", "mixed_precision",
-            "drafter")  # fmt: skip
+    keys = (
+        "init_drafter",
+        "train_data",
+        "eval_data",
+        "max_seq_len",
+        "anchors_per_sequence",
+        "gradient_accumulation_steps",
+        "learning_rate",
+        "warmup_ratio",
+        "epochs",
+        "max_steps",
+        "mixed_precision",
+        "drafter",
+    )
     parts = [
         "Distilled from the frozen target (SPEC section 4: loss `0.1 * CE + 0.9 * ||p - q||_1` with position "
         "weights `exp(-(i-1)/4)`, where `p` is the target's own distribution at every position, so the text need "
@@ -125,6 +144,7 @@ def _training_curve(training_logs: list[Path], tokens_per_sequence: float | None
 
     Stages are cumulative. Tokens come from the logs' `tokens` field, or `sequences * tokens_per_sequence` for logs
     written without it."""
+
     def tokens_of(record: dict) -> float | None:
         if "tokens" in record:
             return record["tokens"]
@@ -142,14 +162,18 @@ def _training_curve(training_logs: list[Path], tokens_per_sequence: float | None
             token_offset += tokens_of(records[-1]) or 0
     if not rows:
         return ""
-    lines = ["Held-out evaluation during training (greedy tau on each stage's `eval_data`, so stages with different "
-             "held-out sets do not compare; tokens and sequences are cumulative):", "",
-             "| stage | step | sequences | tokens | held-out loss | tau |",
-             "|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        "Held-out evaluation during training (greedy tau on each stage's `eval_data`, so stages with different "
+        "held-out sets do not compare; tokens and sequences are cumulative):",
+        "",
+        "| stage | step | sequences | tokens | held-out loss | tau |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
     for stage, r, sequences, tokens in rows:
         tokens = "-" if tokens is None else f"{tokens:,.0f}"
-        lines.append(f"| {stage} | {r['step']} | {sequences or '-'} | {tokens} | {r['eval_loss']:.3f} "
-                     f"| {r['eval_tau']:.2f} |")
+        lines.append(
+            f"| {stage} | {r['step']} | {sequences or '-'} | {tokens} | {r['eval_loss']:.3f} | {r['eval_tau']:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -171,8 +195,10 @@ def _require_drafter_dir(drafter_dir: str | Path) -> Path:
     drafter_dir = require_path(drafter_dir, "Drafter folder", "pass the folder a drafter was saved to.")
     missing = [n for n in ("config.json", "model.safetensors") if not (drafter_dir / n).is_file()]
     if missing:
-        raise FileNotFoundError(f"{drafter_dir} is not a LongSpark drafter folder (no {' or '.join(missing)}); pass "
-                                "the folder a drafter was saved to, e.g. runs/NAME/final.")  # fmt: skip
+        raise FileNotFoundError(
+            f"{drafter_dir} is not a LongSpark drafter folder (no {' or '.join(missing)}); pass "
+            "the folder a drafter was saved to, e.g. runs/NAME/final."
+        )
     return drafter_dir
 
 
@@ -221,9 +247,12 @@ def write_model_card(
         machine=_machine(reports[0]),
         training=_training(_as_list(training_config)),
         curve=_training_curve(_as_list(training_log), tokens_per_sequence),
-        vocabulary=(f" It proposes only the {config.draft_vocab_size:,} tokens most frequent in its training data "
-                    "(its draft vocabulary); the others get draft probability 0, which keeps outputs exact.")
-        if config.draft_vocab_size else "",
+        vocabulary=(
+            f" It proposes only the {config.draft_vocab_size:,} tokens most frequent in its training data "
+            "(its draft vocabulary); the others get draft probability 0, which keeps outputs exact."
+        )
+        if config.draft_vocab_size
+        else "",
         num_parameters=num_parameters,
         notes=f"\n## Limits\n\n{_read_notes(notes).strip()}\n" if notes else "",
     )

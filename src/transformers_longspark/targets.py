@@ -170,10 +170,6 @@ class HiddenStateCapture:
     def remove(self) -> None:
         self._finalizer()
 
-    def concatenated(self, position: int) -> torch.Tensor:
-        """`(batch, D * hidden_size)`: the captured states at `position` (index into the kept positions)."""
-        return torch.cat([state[:, position] for state in self.states], dim=-1)
-
 
 def _remove_hooks(handles: list) -> None:
     for handle in handles:

@@ -1,5 +1,6 @@
-"""`longspark bench` arguments: the speed comparison (the default command) and the `drafting-cost`, `verify-cost` and
-`memory` subcommands. Imports nothing heavy, so that `longspark bench --help` answers without torch."""
+"""`longspark bench` arguments: the speed comparison (the default command) and the `tau`, `drafting-cost`,
+`verify-cost` and `memory` subcommands. Imports nothing heavy, so that `longspark bench --help` answers without
+torch."""
 
 from __future__ import annotations
 
@@ -21,21 +22,41 @@ from .defaults import (
     SYNTHETIC_TARGETS,
 )
 
-DESCRIPTION = "Benchmarks: decoding speed side by side, drafting cost and verification cost vs prefix, peak memory."
+DESCRIPTION = (
+    "Benchmarks: decoding speed side by side, held-out tau of several drafters, drafting cost and verification cost vs "
+    "prefix, peak memory."
+)
 
 
-def _add_common_arguments(parser: argparse.ArgumentParser) -> None:
+def _add_common_arguments(parser: argparse.ArgumentParser, several_drafters: bool = False) -> None:
     parser.add_argument("--target", help="local path of the target model (default: the SmolLM2-135M demo target)")
+    if several_drafters:
+        parser.add_argument(
+            "--drafter",
+            action="append",
+            metavar="NAME=SOURCE",
+            help="a drafter to compare, repeatable: NAME=FOLDER, or NAME=warm-start / NAME=random for an untrained "
+            "drafter of the shipped architecture (default: the shipped SmolLM2 drafter if it fits the target)",
+        )
+    else:
+        parser.add_argument(
+            "--drafter",
+            help="LongSpark drafter folder (default: the shipped SmolLM2 drafter if it fits the target, else a random "
+            "one)",
+        )
     parser.add_argument(
-        "--drafter",
-        help="LongSpark drafter folder (default: the shipped SmolLM2 drafter if it fits the target, else a random one)",
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="dtype of the target and drafter weights (default: float32)",
     )
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                        help="dtype of the target and drafter weights (default: float32)")  # fmt: skip
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    parser.add_argument("--num-threads", type=int,
-                        help="torch CPU threads (default: torch's choice, one per core; on a busy machine fewer, "
-                        "e.g. 1, can be many times faster)")  # fmt: skip
+    parser.add_argument(
+        "--num-threads",
+        type=int,
+        help="torch CPU threads (default: torch's choice, one per core; on a busy machine fewer, "
+        "e.g. 1, can be many times faster)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of random prompts, drafters and sampling")
     parser.add_argument("--json", type=Path, help="write the report as JSON to this file")
     parser.add_argument("--quiet", action="store_true", help="no progress bars on stderr")
@@ -45,14 +66,16 @@ def _add_common_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_cost_arguments(parser: argparse.ArgumentParser, prefix_lengths: Sequence[int], chunk: int) -> None:
     _add_common_arguments(parser)
     parser.add_argument(
-        "--synthetic-target", choices=list(SYNTHETIC_TARGETS),
+        "--synthetic-target",
+        choices=list(SYNTHETIC_TARGETS),
         help="a random-weight target of these shapes, built on --device in --dtype, instead of --target "
         "(with a random drafter unless --drafter is given): costs depend on shapes alone",
-    )  # fmt: skip
+    )
     parser.add_argument("--plot", type=Path, help="write the two-panel figure (PNG) to this file")
     parser.add_argument("--markdown", type=Path, help="write the Markdown table to this file")
-    parser.add_argument("--prefix-lengths", type=int, nargs="+", default=list(prefix_lengths),
-                        help="prefix lengths in tokens")  # fmt: skip
+    parser.add_argument(
+        "--prefix-lengths", type=int, nargs="+", default=list(prefix_lengths), help="prefix lengths in tokens"
+    )
     parser.add_argument("--prefill-chunk", type=int, default=chunk, help="tokens per prefill forward")
 
 
@@ -73,15 +96,59 @@ def _add_lookup_arguments(parser: argparse.ArgumentParser, used_by: str) -> None
     )
 
 
+def _add_prompt_arguments(parser: argparse.ArgumentParser, num_long: int, long_lengths: Sequence[int]) -> None:
+    parser.add_argument("--markdown", type=Path, help="write the Markdown table to this file")
+    parser.add_argument(
+        "--workloads",
+        nargs="+",
+        default=["short", "long"],
+        choices=["short", "long"],
+        help="held-out chat/maths/code prompts (short) and stdlib code files (long)",
+    )
+    parser.add_argument("--num-short-prompts", type=int, default=6, help="short prompts (cycled through the sources)")
+    parser.add_argument(
+        "--num-long-prompts", type=int, default=num_long, help="long-context prompts (held-out stdlib files)"
+    )
+    parser.add_argument(
+        "--long-lengths",
+        type=int,
+        nargs="+",
+        default=list(long_lengths),
+        help="long-context prompt lengths in tokens, cycled over the prompts (capped to fit the target's positions)",
+    )
+    parser.add_argument(
+        "--held-out",
+        type=Path,
+        help=f"folder of held-out *.jsonl records for the short prompts (default: {HELD_OUT_DIR} if it exists, else "
+        "prompts held out of the builtin sources)",
+    )
+
+
+def _add_tau_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_common_arguments(parser, several_drafters=True)
+    _add_prompt_arguments(parser, 2, [4096])
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="greedy new tokens per prompt")
+    parser.add_argument(
+        "--whole-blocks",
+        action="store_true",
+        help="draft whole blocks (confidence thresholds 0) instead of each drafter's own generation config",
+    )
+
+
 def _add_speed_arguments(parser: argparse.ArgumentParser) -> None:
     _add_common_arguments(parser)
-    parser.add_argument("--markdown", type=Path, help="write the Markdown table to this file")
-    parser.add_argument("--workloads", nargs="+", default=["short", "long"], choices=["short", "long"],
-                        help="held-out chat/maths/code prompts (short) and stdlib code files (long)")  # fmt: skip
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES),
-                        help="greedy decoding and/or sampling at --temperature")  # fmt: skip
+    _add_prompt_arguments(parser, 3, DEFAULT_LONG_LENGTHS)
     parser.add_argument(
-        "--methods", nargs="+", choices=list(METHODS),
+        "--modes",
+        nargs="+",
+        default=list(MODES),
+        choices=list(MODES),
+        help="greedy decoding and/or sampling at --temperature",
+    )
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        choices=list(METHODS),
         help="methods for every mode; plain is always added (default: all in greedy mode, all but full_prefix in "
         "sampled mode). plain_fast is plain generate on the fast verification path (reserved cache rows, grouped-head "
         "attention), plain_static with transformers' static cache: speedups are also reported over the fastest plain "
@@ -90,28 +157,22 @@ def _add_speed_arguments(parser: argparse.ArgumentParser) -> None:
         "--lookup-num-tokens); longspark_whole_blocks drafts whole blocks (threshold 0); longspark_stock_verify drafts "
         "whole blocks on transformers' stock path (the path before both); prompt_lookup_fast is prompt lookup on the "
         "fast path",
-    )  # fmt: skip
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per generate call")
-    parser.add_argument("--num-short-prompts", type=int, default=6, help="short prompts (cycled through the sources)")
-    parser.add_argument("--num-long-prompts", type=int, default=3, help="long-context prompts (held-out stdlib files)")
-    parser.add_argument(
-        "--long-lengths", type=int, nargs="+", default=list(DEFAULT_LONG_LENGTHS),
-        help="long-context prompt lengths in tokens, cycled over the prompts (capped to fit the target's positions)",
-    )  # fmt: skip
-    parser.add_argument("--held-out", type=Path,
-                        help=f"folder of held-out *.jsonl records for the short prompts (default: {HELD_OUT_DIR} if "
-                        "it exists, else prompts held out of the builtin sources)")  # fmt: skip
     parser.add_argument("--temperature", type=float, default=1.0, help="temperature of the sampled mode")
     parser.add_argument("--prompt-lookup-num-tokens", type=int, default=7, help="tokens prompt lookup proposes")
     _add_lookup_arguments(parser, "longspark_lookup")
     parser.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
-    parser.add_argument("--no-warmup", dest="warmup", action="store_false",
-                        help="skip the untimed warm-up run of every method")  # fmt: skip
     parser.add_argument(
-        "--batch-sizes", type=int, nargs="+",
+        "--no-warmup", dest="warmup", action="store_false", help="skip the untimed warm-up run of every method"
+    )
+    parser.add_argument(
+        "--batch-sizes",
+        type=int,
+        nargs="+",
         help="instead of the method comparison, time plain batched generate vs LongSpark batched at these batch "
         "sizes (left-padded batches of the short and long prompts, cycled to fill them)",
-    )  # fmt: skip
+    )
     parser.add_argument("--repeats", type=int, default=1, help="timed calls per method and batch (--batch-sizes)")
 
 
@@ -121,35 +182,42 @@ def add_bench_arguments(subparsers_or_parser) -> argparse.ArgumentParser:
 
     * `longspark bench [speed options]` or `longspark bench speed ...`: the speed comparison;
     * `longspark bench --batch-sizes 1 2 4 8 [speed options]`: plain vs LongSpark batched `generate`;
+    * `longspark bench tau --drafter NAME=FOLDER ...`: held-out greedy tau of several drafters;
     * `longspark bench drafting-cost --json FILE --plot FILE.png`;
     * `longspark bench verify-cost --json FILE --plot FILE.png`;
     * `longspark bench memory --json FILE`.
     """
     if isinstance(subparsers_or_parser, argparse._SubParsersAction):
         parser = subparsers_or_parser.add_parser(
-            "bench", help="benchmarks: speed (default), drafting-cost, verify-cost, memory", description=DESCRIPTION
+            "bench",
+            help="benchmarks: speed (default), tau, drafting-cost, verify-cost, memory",
+            description=DESCRIPTION,
         )
     else:
         parser = subparsers_or_parser
     _add_speed_arguments(parser)
-    commands = parser.add_subparsers(dest="bench_command", metavar="{speed,drafting-cost,verify-cost,memory}")
+    commands = parser.add_subparsers(dest="bench_command", metavar="{speed,tau,drafting-cost,verify-cost,memory}")
     speed = commands.add_parser("speed", help="plain generate vs prompt lookup vs LongSpark vs full-prefix drafter")
     _add_speed_arguments(speed)
 
     cost = commands.add_parser("drafting-cost", help="drafting time per round and context-state bytes vs prefix")
     _add_cost_arguments(cost, DEFAULT_PREFIX_LENGTHS, 1024)
     cost.add_argument(
-        "--synthetic-prefix-lengths", type=int, nargs="*", default=list(DEFAULT_SYNTHETIC_PREFIX_LENGTHS),
+        "--synthetic-prefix-lengths",
+        type=int,
+        nargs="*",
+        default=list(DEFAULT_SYNTHETIC_PREFIX_LENGTHS),
         help="also time these prefixes on a synthetic cache (random K/V in the selected layers only, any length); "
         "pass the flag with no value to skip them",
-    )  # fmt: skip
+    )
     cost.add_argument("--rounds", type=int, default=20, help="measured rounds per length (median)")
     cost.add_argument("--warmup", type=int, default=3, help="untimed rounds per length first")
     cost.add_argument(
-        "--prefix", choices=["code", "random"],
+        "--prefix",
+        choices=["code", "random"],
         help="prefix tokens: Python stdlib code (needs the target's tokenizer; the default when there is one) or "
         "seeded random ids",
-    )  # fmt: skip
+    )
     cost.add_argument(
         "--allow-extrapolation", action="store_true", help="also time prefixes beyond max_position_embeddings"
     )
@@ -170,17 +238,26 @@ def add_bench_arguments(subparsers_or_parser) -> argparse.ArgumentParser:
         "size + 1, what a round that accepts a whole block commits, as the timed summary update assumes)",
     )
 
+    tau = commands.add_parser("tau", help="held-out greedy tau and per-position acceptance of several drafters")
+    _add_tau_arguments(tau)
+
     verify = commands.add_parser("verify-cost", help="cached target forward of k tokens vs prefix: stock vs fast")
     _add_cost_arguments(verify, DEFAULT_VERIFY_PREFIX_LENGTHS, 2048)
-    verify.add_argument("--num-tokens", type=int, nargs="+", default=list(DEFAULT_NUM_TOKENS),
-                        help="tokens per verification forward")  # fmt: skip
+    verify.add_argument(
+        "--num-tokens", type=int, nargs="+", default=list(DEFAULT_NUM_TOKENS), help="tokens per verification forward"
+    )
     verify.add_argument("--repeats", type=int, default=7, help="timed forwards per (prefix, k, path), median")
     verify.add_argument("--warmup", type=int, default=2, help="untimed forwards per (prefix, k, path) first")
 
     memory = commands.add_parser("memory", help="peak RSS of plain vs assisted generate (fresh process each)")
     _add_common_arguments(memory)
-    memory.add_argument("--prompt-lengths", type=int, nargs="+", default=[1024, 8192],
-                        help="prompt lengths in tokens (seeded random ids), one plain and one assisted run each")
+    memory.add_argument(
+        "--prompt-lengths",
+        type=int,
+        nargs="+",
+        default=[1024, 8192],
+        help="prompt lengths in tokens (seeded random ids), one plain and one assisted run each",
+    )
     memory.add_argument("--max-new-tokens", type=int, default=16, help="new tokens per generate call")
     memory.set_defaults(num_threads=1)
     return parser

@@ -16,6 +16,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
+from ..inference.stats import tau
 from ..modeling_longspark import LongSparkDrafterModel
 from .common import machine_info, measure
 
@@ -72,8 +73,13 @@ def _measure_batch(target, drafter, input_ids, attention_mask, kwargs, repeats, 
 
         return run
 
-    timings = measure({method: call(method) for method in METHODS}, repeats, warmup, device=device,
-                      prepare=lambda name: torch.manual_seed(seed))  # fmt: skip
+    timings = measure(
+        {method: call(method) for method in METHODS},
+        repeats,
+        warmup,
+        device=device,
+        prepare=lambda name: torch.manual_seed(seed),
+    )
     return {method: timings[method].median_ms() / 1000.0 for method in METHODS}, outputs
 
 
@@ -123,32 +129,46 @@ def run_batched_benchmark(
             for batch_size in batch_sizes:
                 bar.set_postfix_str(f"{workload} {mode} batch {batch_size}")
                 input_ids, attention_mask = left_pad_batch(items, batch_size, pad_token_id, device)
-                seconds, outputs = _measure_batch(target, drafter, input_ids, attention_mask, kwargs, repeats,
-                                                  warmup, seed, device)  # fmt: skip
+                seconds, outputs = _measure_batch(
+                    target, drafter, input_ids, attention_mask, kwargs, repeats, warmup, seed, device
+                )
                 tokens = {m: sum(new_token_counts(outputs[m][:, input_ids.shape[1] :], eos_token_ids)) for m in METHODS}
                 rate = {m: tokens[m] / seconds[m] for m in METHODS}
                 stats = drafter.drafting_stats
                 identical = torch.equal(outputs["plain"], outputs["longspark"]) if mode == "greedy" else None
                 row = {
-                    "workload": workload, "mode": mode, "batch_size": batch_size,
-                    "prompt_tokens": int(attention_mask.sum(dim=1).max()), "padded_width": input_ids.shape[1],
-                    "plain_seconds": seconds["plain"], "longspark_seconds": seconds["longspark"],
-                    "plain_new_tokens": tokens["plain"], "longspark_new_tokens": tokens["longspark"],
-                    "plain_tokens_per_s": rate["plain"], "longspark_tokens_per_s": rate["longspark"],
+                    "workload": workload,
+                    "mode": mode,
+                    "batch_size": batch_size,
+                    "prompt_tokens": int(attention_mask.sum(dim=1).max()),
+                    "padded_width": input_ids.shape[1],
+                    "plain_seconds": seconds["plain"],
+                    "longspark_seconds": seconds["longspark"],
+                    "plain_new_tokens": tokens["plain"],
+                    "longspark_new_tokens": tokens["longspark"],
+                    "plain_tokens_per_s": rate["plain"],
+                    "longspark_tokens_per_s": rate["longspark"],
                     "speedup": rate["longspark"] / rate["plain"],
-                    "tau": (tokens["longspark"] - batch_size) / stats.rounds if stats.rounds else None,
+                    "tau": tau(tokens["longspark"], stats.rounds, batch_size) if stats.rounds else None,
                     "batch_rounds": stats.batch_rounds,
                     "greedy_identical": identical,
-                }  # fmt: skip
+                }
                 rows.append(row)
                 bar.update(1)
     bar.close()
-    settings = dict(
-        batch_sizes=list(batch_sizes), max_new_tokens=max_new_tokens, modes=list(modes), temperature=temperature,
-        ignore_eos=ignore_eos, repeats=repeats, warmup=warmup, seed=seed, pad_token_id=pad_token_id,
-        dtype=str(next(target.parameters()).dtype),
-        confidence_threshold=drafter.generation_config.assistant_confidence_threshold,
-    )  # fmt: skip
+    settings = {
+        "batch_sizes": list(batch_sizes),
+        "max_new_tokens": max_new_tokens,
+        "modes": list(modes),
+        "temperature": temperature,
+        "ignore_eos": ignore_eos,
+        "repeats": repeats,
+        "warmup": warmup,
+        "seed": seed,
+        "pad_token_id": pad_token_id,
+        "dtype": str(next(target.parameters()).dtype),
+        "confidence_threshold": drafter.generation_config.assistant_confidence_threshold,
+    }
     return {
         "benchmark": "batched",
         "machine": machine_info(device),
@@ -167,11 +187,11 @@ def format_batched(report: Mapping[str, Any]) -> str:
     ]
     for row in report["rows"]:
         identical = "-" if row["greedy_identical"] is None else "yes" if row["greedy_identical"] else "NO"
-        tau = "-" if row["tau"] is None else f"{row['tau']:.2f}"
+        tau_cell = "-" if row["tau"] is None else f"{row['tau']:.2f}"
         lines.append(
             f"| {row['workload']} | {row['mode']} | {row['batch_size']} | {row['prompt_tokens']} | "
-            f"{row['plain_tokens_per_s']:.1f} | {row['longspark_tokens_per_s']:.1f} | {row['speedup']:.2f}x | {tau} | "
-            f"{identical} |"
+            f"{row['plain_tokens_per_s']:.1f} | {row['longspark_tokens_per_s']:.1f} | {row['speedup']:.2f}x | "
+            f"{tau_cell} | {identical} |"
         )
     machine, settings = report.get("machine", {}), report.get("settings", {})
     lines += [

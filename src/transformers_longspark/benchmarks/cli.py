@@ -33,23 +33,35 @@ if TYPE_CHECKING:  # imported at run time by `_import_runners`
         plot_verify_cost,
     )
     from .speed import run_speed_benchmark
+    from .tau import FRESH_DRAFTERS, format_tau, fresh_drafter, run_tau_benchmark
     from .verify_cost import run_verify_cost
 
 # What the runners use, by submodule: imported on the first run, or on first access as an attribute (e.g. by a test's
 # monkeypatch, which a run then keeps).
-_RUNNER_NAMES = {
-    "batched": ("format_batched", "run_batched_benchmark"),
-    "common": ("write_json",),
-    "drafting_cost": ("run_drafting_cost",),
-    "memory": ("run_memory_benchmark",),
-    "models": ("build_random_drafter", "build_synthetic_target"),
-    "prompts": ("long_context_prompts", "short_prompts", "stdlib_token_ids"),
-    "report": ("format_drafting_cost", "format_markdown", "format_memory", "format_verify_cost", "plot_drafting_cost",
-               "plot_verify_cost"),
-    "speed": ("run_speed_benchmark",),
-    "verify_cost": ("run_verify_cost",),
-}  # fmt: skip
-_RUNNER_MODULES = {name: module for module, names in _RUNNER_NAMES.items() for name in names}
+_RUNNER_MODULES = {
+    "FRESH_DRAFTERS": "tau",
+    "build_random_drafter": "models",
+    "build_synthetic_target": "models",
+    "format_batched": "batched",
+    "format_drafting_cost": "report",
+    "format_markdown": "report",
+    "format_memory": "report",
+    "format_tau": "tau",
+    "format_verify_cost": "report",
+    "fresh_drafter": "tau",
+    "long_context_prompts": "prompts",
+    "plot_drafting_cost": "report",
+    "plot_verify_cost": "report",
+    "run_batched_benchmark": "batched",
+    "run_drafting_cost": "drafting_cost",
+    "run_memory_benchmark": "memory",
+    "run_speed_benchmark": "speed",
+    "run_tau_benchmark": "tau",
+    "run_verify_cost": "verify_cost",
+    "short_prompts": "prompts",
+    "stdlib_token_ids": "prompts",
+    "write_json": "common",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -66,6 +78,26 @@ def _import_runners() -> None:
     for name in _RUNNER_MODULES:
         if name not in globals():
             __getattr__(name)
+
+
+# Options that a runner takes under their command-line names (`_options`).
+SPEED_OPTIONS = (
+    "modes",
+    "methods",
+    "temperature",
+    "prompt_lookup_num_tokens",
+    "lookup_min_match",
+    "lookup_num_tokens",
+    "ignore_eos",
+    "warmup",
+    "seed",
+)
+MEMORY_OPTIONS = ("max_new_tokens", "target", "drafter", "dtype", "num_threads", "seed")
+
+
+def _options(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """`{name: args.name}` for the given option names."""
+    return {name: getattr(args, name) for name in names}
 
 
 def _load_target(args: argparse.Namespace):
@@ -87,12 +119,16 @@ def _target_name(args: argparse.Namespace) -> str:
 
 
 def _load_drafter(args: argparse.Namespace, target):
+    return _load_drafter_from(args, target, args.drafter)
+
+
+def _load_drafter_from(args: argparse.Namespace, target, path):
     from ..loading import load_drafter
 
-    if getattr(args, "synthetic_target", None) and not args.drafter:
+    if getattr(args, "synthetic_target", None) and not path:
         drafter = build_random_drafter(target, args.seed)
         return drafter, {"path": None, "trained": False, "seed": args.seed, "synthetic_target": args.synthetic_target}
-    return load_drafter(target, args.drafter, seed=args.seed)
+    return load_drafter(target, path, seed=args.seed)
 
 
 def _write_outputs(args, result: dict[str, Any], table: str, plot: Callable | None = None) -> None:
@@ -118,12 +154,21 @@ def _run_drafting_cost(args: argparse.Namespace) -> dict[str, Any]:
             longest = min(longest, target.config.get_text_config().max_position_embeddings)
         prefix_ids = stdlib_token_ids(tokenizer, longest + 1)
     result = run_drafting_cost(
-        target, drafter, args.prefix_lengths, args.rounds, args.warmup, prefix_ids=prefix_ids, seed=args.seed,
-        allow_extrapolation=args.allow_extrapolation, prefill_chunk=args.prefill_chunk,
-        synthetic_prefix_lengths=args.synthetic_prefix_lengths, progress=not args.quiet,
-        lookup_min_match=args.lookup_min_match if args.with_lookup else 0, lookup_num_tokens=args.lookup_num_tokens,
+        target,
+        drafter,
+        args.prefix_lengths,
+        args.rounds,
+        args.warmup,
+        prefix_ids=prefix_ids,
+        seed=args.seed,
+        allow_extrapolation=args.allow_extrapolation,
+        prefill_chunk=args.prefill_chunk,
+        synthetic_prefix_lengths=args.synthetic_prefix_lengths,
+        progress=not args.quiet,
+        lookup_min_match=args.lookup_min_match if args.with_lookup else 0,
+        lookup_num_tokens=args.lookup_num_tokens,
         lookup_new_tokens=args.lookup_new_tokens,
-    )  # fmt: skip
+    )
     result["prefix_source"] = "stdlib-code" if prefix_ids is not None else "random"
     result["drafter"] = drafter_info
     result["target"] = _target_name(args)
@@ -133,10 +178,56 @@ def _run_drafting_cost(args: argparse.Namespace) -> dict[str, Any]:
 
 def _run_verify_cost(args: argparse.Namespace) -> dict[str, Any]:
     target, _ = _load_target(args)
-    result = run_verify_cost(target, args.prefix_lengths, args.num_tokens, args.repeats, args.warmup,
-                             prefill_chunk=args.prefill_chunk, seed=args.seed, progress=not args.quiet)  # fmt: skip
+    result = run_verify_cost(
+        target,
+        args.prefix_lengths,
+        args.num_tokens,
+        args.repeats,
+        args.warmup,
+        prefill_chunk=args.prefill_chunk,
+        seed=args.seed,
+        progress=not args.quiet,
+    )
     result["target"] = _target_name(args)
     _write_outputs(args, result, format_verify_cost(result), plot_verify_cost)
+    return result
+
+
+def _load_prompts(args, target, tokenizer, num_short: int, block_size: int) -> dict[str, list[dict[str, Any]]]:
+    """The `--workloads` prompts: `num_short` held-out short prompts, and long code capped to the target's positions
+    less room for the new tokens and one block of `block_size` drafts."""
+    prompts: dict[str, list[dict[str, Any]]] = {}
+    if "short" in args.workloads:
+        prompts["short"] = short_prompts(tokenizer, num_short, args.held_out or HELD_OUT_DIR)
+    if "long" in args.workloads:
+        max_positions = target.config.get_text_config().max_position_embeddings
+        reserve = args.max_new_tokens + block_size + 1
+        prompts["long"] = long_context_prompts(
+            tokenizer, args.long_lengths, args.num_long_prompts, max_positions=max_positions, reserve=reserve
+        )
+    return prompts
+
+
+def _run_tau(args: argparse.Namespace) -> dict[str, Any]:
+    target, tokenizer = _load_target(args)
+    if tokenizer is None:
+        raise ValueError("The tau benchmark builds its prompts with the target's tokenizer; none was found.")
+    drafters, infos = {}, {}
+    for spec in args.drafter or ["default="]:
+        name, _, source = spec.partition("=")
+        if source in FRESH_DRAFTERS:
+            drafters[name] = fresh_drafter(source, target, args.seed)
+            infos[name] = {"path": None, "trained": False, "fresh": source, "seed": args.seed}
+        else:
+            drafters[name], infos[name] = _load_drafter_from(args, target, source or None)
+    block_size = max(drafter.config.block_size for drafter in drafters.values())
+    prompts = _load_prompts(args, target, tokenizer, args.num_short_prompts, block_size)
+    result = run_tau_benchmark(
+        target, drafters, prompts, args.max_new_tokens, whole_blocks=args.whole_blocks, progress=not args.quiet
+    )
+    result["drafters"] = infos
+    result["target"] = _target_name(args)
+    _write_outputs(args, result, format_tau(result))
     return result
 
 
@@ -145,24 +236,21 @@ def _run_speed(args: argparse.Namespace) -> dict[str, Any]:
     drafter, drafter_info = _load_drafter(args, target)
     if tokenizer is None:
         raise ValueError("The speed benchmark builds its prompts with the target's tokenizer; none was found.")
-    max_positions = target.config.get_text_config().max_position_embeddings
-    prompts: dict[str, list[dict[str, Any]]] = {}
-    if "short" in args.workloads:
-        num_short = max([args.num_short_prompts, *(args.batch_sizes or [])])
-        prompts["short"] = short_prompts(tokenizer, num_short, args.held_out or HELD_OUT_DIR)
-    if "long" in args.workloads:
-        reserve = args.max_new_tokens + drafter.config.block_size + 1
-        prompts["long"] = long_context_prompts(
-            tokenizer, args.long_lengths, args.num_long_prompts, max_positions=max_positions, reserve=reserve
-        )
+    num_short = max([args.num_short_prompts, *(args.batch_sizes or [])])
+    prompts = _load_prompts(args, target, tokenizer, num_short, drafter.config.block_size)
     if args.batch_sizes:
         return _run_batched(args, target, tokenizer, drafter, drafter_info, prompts)
+    options = _options(args, *SPEED_OPTIONS)
     result = run_speed_benchmark(
-        target, tokenizer, drafter, prompts, args.max_new_tokens, modes=args.modes, methods=args.methods,
-        temperature=args.temperature, prompt_lookup_num_tokens=args.prompt_lookup_num_tokens,
-        lookup_min_match=args.lookup_min_match, lookup_num_tokens=args.lookup_num_tokens, ignore_eos=args.ignore_eos,
-        warmup=args.warmup, seed=args.seed, drafter_info=drafter_info, progress=not args.quiet,
-    )  # fmt: skip
+        target,
+        tokenizer,
+        drafter,
+        prompts,
+        args.max_new_tokens,
+        **options,
+        drafter_info=drafter_info,
+        progress=not args.quiet,
+    )
     _write_outputs(args, result, format_markdown(result))
     return result
 
@@ -170,11 +258,21 @@ def _run_speed(args: argparse.Namespace) -> dict[str, Any]:
 def _run_batched(args, target, tokenizer, drafter, drafter_info, prompts) -> dict[str, Any]:
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     result = run_batched_benchmark(
-        target, drafter, {name: [p["input_ids"] for p in items] for name, items in prompts.items()},
-        args.batch_sizes, args.max_new_tokens, modes=args.modes, pad_token_id=pad_token_id,
-        temperature=args.temperature, ignore_eos=args.ignore_eos, repeats=args.repeats, warmup=int(args.warmup),
-        seed=args.seed, drafter_info=drafter_info, progress=not args.quiet,
-    )  # fmt: skip
+        target,
+        drafter,
+        {name: [p["input_ids"] for p in items] for name, items in prompts.items()},
+        args.batch_sizes,
+        args.max_new_tokens,
+        modes=args.modes,
+        pad_token_id=pad_token_id,
+        temperature=args.temperature,
+        ignore_eos=args.ignore_eos,
+        repeats=args.repeats,
+        warmup=int(args.warmup),
+        seed=args.seed,
+        drafter_info=drafter_info,
+        progress=not args.quiet,
+    )
     result["target"] = _target_name(args)
     _write_outputs(args, result, format_batched(result))
     return result
@@ -183,16 +281,15 @@ def _run_batched(args, target, tokenizer, drafter, drafter_info, prompts) -> dic
 def _run_memory(args: argparse.Namespace) -> dict[str, Any]:
     if args.device != "cpu":
         raise ValueError("The memory benchmark measures CPU peak RSS; run it with --device cpu.")
-    result = run_memory_benchmark(
-        args.prompt_lengths, max_new_tokens=args.max_new_tokens, target=args.target, drafter=args.drafter,
-        dtype=args.dtype, num_threads=args.num_threads, seed=args.seed, progress=not args.quiet,
-    )  # fmt: skip
+    options = _options(args, *MEMORY_OPTIONS)
+    result = run_memory_benchmark(args.prompt_lengths, **options, progress=not args.quiet)
     _write_outputs(args, result, format_memory(result))
     return result
 
 
 RUNNERS: Mapping[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "speed": _run_speed,
+    "tau": _run_tau,
     "drafting-cost": _run_drafting_cost,
     "verify-cost": _run_verify_cost,
     "memory": _run_memory,
@@ -206,11 +303,22 @@ def check_paths(args: argparse.Namespace) -> None:
         raise ValueError("Pass either --target or --synthetic-target, not both.")
     if args.target:
         require_folder(args.target, "Target", TARGET_FOLDER_FIX)
-    if args.drafter:
+    if isinstance(args.drafter, list):  # `bench tau`: NAME=SOURCE, repeatable
+        for spec in args.drafter:
+            name, _, source = spec.partition("=")
+            if not name or not source:
+                raise ValueError(f"--drafter {spec}: pass NAME=FOLDER, NAME=warm-start or NAME=random.")
+            if source not in ("warm-start", "random"):
+                require_folder(source, "Drafter", DRAFTER_FOLDER_FIX)
+    elif args.drafter:
         require_folder(args.drafter, "Drafter", DRAFTER_FOLDER_FIX)
     if getattr(args, "held_out", None) is not None:
-        require_path(args.held_out, "Held-out folder", "pass a folder of *.jsonl records written by `longspark "
-                     "regenerate --held-out`, or no --held-out for the default.")  # fmt: skip
+        require_path(
+            args.held_out,
+            "Held-out folder",
+            "pass a folder of *.jsonl records written by `longspark "
+            "regenerate --held-out`, or no --held-out for the default.",
+        )
     for flag in ("json", "markdown", "plot"):
         path = getattr(args, flag, None)
         if path is None:

@@ -108,8 +108,10 @@ def time_forward_calls(model: torch.nn.Module, device: str | torch.device = "cpu
         synchronize(device)
         seconds.append(time.perf_counter() - start[0])
 
-    handles = [model.register_forward_pre_hook(before, with_kwargs=True),
-               model.register_forward_hook(after, with_kwargs=True)]  # fmt: skip
+    handles = [
+        model.register_forward_pre_hook(before, with_kwargs=True),
+        model.register_forward_hook(after, with_kwargs=True),
+    ]
     try:
         yield seconds
     finally:
@@ -205,6 +207,15 @@ def format_length(tokens: int) -> str:
 
 
 __all__ = [
-    "Timings", "count_forward_calls", "format_length", "generation_config_fields", "machine_info", "measure",
-    "prefill", "synchronize", "time_forward_calls", "timed_call", "write_json",
-]  # fmt: skip
+    "Timings",
+    "count_forward_calls",
+    "format_length",
+    "generation_config_fields",
+    "machine_info",
+    "measure",
+    "prefill",
+    "synchronize",
+    "time_forward_calls",
+    "timed_call",
+    "write_json",
+]

@@ -12,9 +12,16 @@ MODES = ("greedy", "sampled")
 # attention) and with transformers' static cache. Every speedup is reported over `plain` and over the fastest of these.
 PLAIN_METHODS = ("plain", "plain_fast", "plain_static")
 METHODS = (
-    *PLAIN_METHODS, "prompt_lookup", "prompt_lookup_fast", "longspark", "longspark_no_lookup", "longspark_lookup",
-    "longspark_whole_blocks", "longspark_stock_verify", "full_prefix",
-)  # fmt: skip
+    *PLAIN_METHODS,
+    "prompt_lookup",
+    "prompt_lookup_fast",
+    "longspark",
+    "longspark_no_lookup",
+    "longspark_lookup",
+    "longspark_whole_blocks",
+    "longspark_stock_verify",
+    "full_prefix",
+)
 # `longspark_lookup`: the drafter with the lookup source on (`drafting.lookup_settings`).
 DEFAULT_LOOKUP_MIN_MATCH = 3
 DEFAULT_LOOKUP_NUM_TOKENS = 10
@@ -34,18 +41,44 @@ DEFAULT_NUM_TOKENS = (1, 2, 4, 8, 16)
 
 # models.py
 _QWEN3 = dict(
-    vocab_size=151936, max_position_embeddings=40960, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
-    rms_norm_eps=1e-6, num_attention_heads=32, num_key_value_heads=8, head_dim=128, num_hidden_layers=36,
-    bos_token_id=151643, eos_token_id=151645, pad_token_id=151643,
-)  # fmt: skip
+    vocab_size=151936,
+    max_position_embeddings=40960,
+    rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+    rms_norm_eps=1e-6,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    num_hidden_layers=36,
+    bos_token_id=151643,
+    eos_token_id=151645,
+    pad_token_id=151643,
+)
 SYNTHETIC_TARGETS: dict[str, dict[str, Any]] = {
     "qwen3-4b": {**_QWEN3, "hidden_size": 2560, "intermediate_size": 9728, "tie_word_embeddings": True},
     "qwen3-8b": {**_QWEN3, "hidden_size": 4096, "intermediate_size": 12288, "tie_word_embeddings": False},
-    "qwen3-14b": {**_QWEN3, "hidden_size": 5120, "intermediate_size": 17408, "num_hidden_layers": 40,
-                  "num_attention_heads": 40, "tie_word_embeddings": False},
+    "qwen3-14b": {
+        **_QWEN3,
+        "hidden_size": 5120,
+        "intermediate_size": 17408,
+        "num_hidden_layers": 40,
+        "num_attention_heads": 40,
+        "tie_word_embeddings": False,
+    },
     # For tests: Qwen3 layout (grouped K/V heads, QK-norm) at toy sizes.
-    "tiny": {**_QWEN3, "vocab_size": 512, "max_position_embeddings": 4096, "hidden_size": 64, "intermediate_size": 128,
-             "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-             "tie_word_embeddings": False, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None},
-}  # fmt: skip
+    "tiny": {
+        **_QWEN3,
+        "vocab_size": 512,
+        "max_position_embeddings": 4096,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "tie_word_embeddings": False,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "pad_token_id": None,
+    },
+}
 """Qwen3 configs by name (hidden size, layers, heads, KV heads, head dim, MLP width as published)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -29,11 +30,22 @@ from .models import make_full_prefix_drafter
 
 # Per-length fields: the report keeps one list per field (`prefix_lengths` for `prefix_length`) and a list of rows.
 ROW_FIELDS = (
-    "prefix_length", "longspark_ms", "full_prefix_ms", "longspark_state_bytes", "full_prefix_state_bytes",
-    "longspark_update_ms", "longspark_proposal_ms", "full_prefix_update_ms", "full_prefix_proposal_ms",
-    "longspark_prefill_absorb_ms", "longspark_window_bytes", "full_prefix_state_bytes_formula", "synthetic",
-    "longspark_ms_vs_shortest", "full_prefix_ms_vs_shortest",
-)  # fmt: skip
+    "prefix_length",
+    "longspark_ms",
+    "full_prefix_ms",
+    "longspark_state_bytes",
+    "full_prefix_state_bytes",
+    "longspark_update_ms",
+    "longspark_proposal_ms",
+    "full_prefix_update_ms",
+    "full_prefix_proposal_ms",
+    "longspark_prefill_absorb_ms",
+    "longspark_window_bytes",
+    "full_prefix_state_bytes_formula",
+    "synthetic",
+    "longspark_ms_vs_shortest",
+    "full_prefix_ms_vs_shortest",
+)
 
 
 def full_prefix_state_bytes(config: LongSparkConfig, num_rows: int, dtype: torch.dtype = torch.float32) -> int:
@@ -83,8 +95,10 @@ def _generators(target, drafters, input_ids, lookup: bool = False) -> dict[str, 
     lookup source off; with `lookup`, one more (`longspark_lookup`) with the drafter's lookup source on."""
     block = drafters["longspark"].config.block_size
     generation_config = GenerationConfig(do_sample=False, max_length=input_ids.shape[1] + 2 * block + 1)
-    gens = {name: LongSparkCandidateGenerator(target, drafter, input_ids, generation_config, None)
-            for name, drafter in drafters.items()}  # fmt: skip
+    gens = {
+        name: LongSparkCandidateGenerator(target, drafter, input_ids, generation_config, None)
+        for name, drafter in drafters.items()
+    }
     for gen in gens.values():
         gen.lookup = None
     if lookup:
@@ -93,7 +107,7 @@ def _generators(target, drafters, input_ids, lookup: bool = False) -> dict[str, 
         )
     for gen in gens.values():
         # A dynamic block length would time fewer tokens than `B`.
-        gen.draft_kwargs.update(confidence_threshold=0.0, block_confidence_threshold=0.0)
+        gen.session.settings = replace(gen.session.settings, token_threshold=0.0, block_threshold=0.0)
     return gens
 
 
@@ -108,7 +122,8 @@ class _Prefix:
         self.length, self.cache, self.gens, self.input_ids, self.synthetic = length, cache, gens, input_ids, synthetic
         self.lookup: LookupRounds | None = None
         for gen in gens.values():
-            gen.capture.remove()  # keep the states captured at this prefill; later prefills must not overwrite them
+            # Keep the states captured at this prefill: later prefills must not overwrite them.
+            gen.session.capture.remove()
 
     def add_lookup(self, vocab_size: int, seed: int, new_tokens: int, num_rounds: int) -> None:
         """Indexes a synthetic history of `length + 1` tokens (the ids when the first round runs) for the lookup
@@ -124,7 +139,7 @@ def _row(prefix: _Prefix, timings: Mapping[str, Any], device) -> dict[str, Any]:
     """The per-length fields: the round after prefill (LongSpark absorbs the whole prefix, timed once) and the
     medians of the steady-state rounds, each folding `B + 1` new rows into the summary."""
     gens, length = prefix.gens, prefix.length
-    config = gens["longspark"].config
+    config = gens["longspark"].session.config
     row: dict[str, Any] = {"prefix_length": length, "synthetic": prefix.synthetic}
     for name in gens:
         timing = timings[f"{name}@{length}"]
@@ -162,15 +177,15 @@ def _add_ratios(rows: Sequence[dict[str, Any]]) -> None:
 
 def _round_phases(prefix: _Prefix, name: str, gen: LongSparkCandidateGenerator) -> tuple[Callable, Callable]:
     """The two timed phases of one round: the context update, then the proposal, a whole block after the prefix ids,
-    or for `longspark_lookup` the real round's (`gen.max_proposal` tokens at most) after the next lookup round's ids."""
+    or for `longspark_lookup` the real round's (`max_proposal_tokens` at most) after the next lookup round's ids."""
 
     def update():
         return gen.update_context(prefix.cache, prefix.length, 0)
 
     def propose(context):
         if name == "longspark_lookup":
-            return gen.propose(prefix.lookup.next_ids(), context, gen.max_proposal)
-        return gen.propose(prefix.input_ids, context, gen.config.block_size)
+            return gen.propose(prefix.lookup.next_ids(), context, gen.session.settings.max_proposal_tokens)
+        return gen.propose(prefix.input_ids, context, gen.session.config.block_size)
 
     return update, propose
 
@@ -180,7 +195,7 @@ def _time_all(prefixes: Sequence[_Prefix], rounds: int, warmup: int, device, pro
     machine noise and the cache traffic of the long full-prefix rounds hit every length alike."""
     calls, setup = {}, {}
     for prefix in prefixes:
-        block = prefix.gens["longspark"].config.block_size
+        block = prefix.gens["longspark"].session.config.block_size
         for name, gen in prefix.gens.items():
             key = f"{name}@{prefix.length}"
             gen.update_context(prefix.cache, prefix.length, 0)  # the round after prefill absorbs the prefix
@@ -213,12 +228,14 @@ def _usable_lengths(lengths, block: int, max_positions: int, allow_extrapolation
         if length < block + 1:
             skipped.append({"prefix_length": length, "reason": f"shorter than one block plus one ({block + 1})"})
         elif length > max_positions and not allow_extrapolation:
-            skipped.append({
-                "prefix_length": length,
-                "reason": f"beyond the target's max_position_embeddings={max_positions} "
-                f"(rope_type={rope.get('rope_type', 'default')!r}, no RoPE scaling beyond it); pass "
-                "allow_extrapolation=True to time it anyway",
-            })  # fmt: skip
+            skipped.append(
+                {
+                    "prefix_length": length,
+                    "reason": f"beyond the target's max_position_embeddings={max_positions} "
+                    f"(rope_type={rope.get('rope_type', 'default')!r}, no RoPE scaling beyond it); pass "
+                    "allow_extrapolation=True to time it anyway",
+                }
+            )
         else:
             usable.append(length)
     return usable, skipped
@@ -315,7 +332,7 @@ def run_drafting_cost(
             for slot in range(len(config.target_layer_ids)):
                 state = torch.randn(1, block + 1, text_config.hidden_size, device=device, dtype=parameter.dtype)
                 for gen in gens.values():
-                    gen.capture.states[slot] = state
+                    gen.session.capture.states[slot] = state
             prefixes.append(_Prefix(length, cache, gens, input_ids, synthetic=True))
         if lookup:
             for prefix in tqdm(prefixes, desc="lookup index", unit="prefix", disable=not progress):

@@ -56,7 +56,7 @@ class LookupRounds:
     def __init__(self, gen: LongSparkCandidateGenerator, history: list[int], round_tokens: list[int], new_tokens: int):
         seconds, _ = timed_call(gen.lookup.extend, history)
         self.prefill_index_ms, self.index_bytes = 1000.0 * seconds, gen.lookup.nbytes
-        self.ids = torch.tensor([history + round_tokens], device=gen.drafter.device)
+        self.ids = torch.tensor([history + round_tokens], device=gen.session.drafter.device)
         self.length, self.new_tokens = len(history), new_tokens
 
     def next_ids(self) -> torch.LongTensor:

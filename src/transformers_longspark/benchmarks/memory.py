@@ -94,16 +94,25 @@ def run_memory_benchmark(
     for length in prompt_lengths:
         for mode in ("plain", "assisted"):
             spec = dict(
-                mode=mode, prompt_length=int(length), max_new_tokens=max_new_tokens, target=target,
-                drafter=None if drafter is None else str(drafter), dtype=dtype, num_threads=num_threads, seed=seed,
-            )  # fmt: skip
+                mode=mode,
+                prompt_length=int(length),
+                max_new_tokens=max_new_tokens,
+                target=target,
+                drafter=None if drafter is None else str(drafter),
+                dtype=dtype,
+                num_threads=num_threads,
+                seed=seed,
+            )
             # A fixed mmap threshold stops glibc from serving large tensors out of its heap, whose fragmentation
             # would otherwise keep freed memory in the RSS: peak RSS then tracks the live tensors of each method.
             env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
             completed = subprocess.run(
-                [sys.executable, "-c", command, json.dumps(spec)], capture_output=True, text=True, timeout=timeout,
+                [sys.executable, "-c", command, json.dumps(spec)],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
                 env=env,
-            )  # fmt: skip
+            )
             lines = [line for line in completed.stdout.splitlines() if line.startswith("MEMORY-RESULT ")]
             if completed.returncode != 0 or not lines:
                 raise RuntimeError(

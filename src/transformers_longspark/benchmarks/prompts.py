@@ -126,8 +126,10 @@ def long_context_prompts(
                 prompts.append({"name": name, "source": "stdlib-file", "input_ids": ids[:length]})
                 break
         else:
-            raise ValueError(f"No more held-out standard-library files hold {length} tokens (found {len(prompts)} "
-                             "prompts); ask for fewer or shorter long prompts.")
+            raise ValueError(
+                f"No more held-out standard-library files hold {length} tokens (found {len(prompts)} "
+                "prompts); ask for fewer or shorter long prompts."
+            )
     return prompts
 
 

@@ -233,8 +233,13 @@ def plot_drafting_cost(result: Mapping[str, Any], path: str | os.PathLike) -> Pa
     for ax in (time_ax, mem_ax):
         _length_axis(ax, lengths)
         if fake:
-            ax.axvspan(min(lengths[i] for i in fake) / 2**0.5, max(lengths) * 2**0.5, color="0.92", zorder=0,
-                       label="synthetic cache")  # fmt: skip
+            ax.axvspan(
+                min(lengths[i] for i in fake) / 2**0.5,
+                max(lengths) * 2**0.5,
+                color="0.92",
+                zorder=0,
+                label="synthetic cache",
+            )
         ax.legend()
     time_ax.set_ylabel("drafting time per round (ms)")
     time_ax.set_ylim(bottom=0)
@@ -257,9 +262,11 @@ def format_verify_cost(result: Mapping[str, Any]) -> str:
             ratio = result["ratio_to_stock_one_token"][i][j]
             cells += [f"{result['stock_ms'][i][j]:.2f}", f"{result['longspark_ms'][i][j]:.2f}", _fmt(ratio, ".2f")]
         lines.append(f"| {format_length(length)} | " + " | ".join(cells) + " |")
-    lines.append(f"\nMedian of {result['repeats']} forwards after {result['warmup']} untimed ones, stock and fast "
-                 "interleaved; the crop back to the prefix is not timed. fast/stock-1: fast k-token forward over the "
-                 "stock 1-token forward (one plain decoding step).")  # fmt: skip
+    lines.append(
+        f"\nMedian of {result['repeats']} forwards after {result['warmup']} untimed ones, stock and fast "
+        "interleaved; the crop back to the prefix is not timed. fast/stock-1: fast k-token forward over the "
+        "stock 1-token forward (one plain decoding step)."
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -273,8 +280,10 @@ def plot_verify_cost(result: Mapping[str, Any], path: str | os.PathLike) -> Path
     one = counts.index(1) if 1 in counts else None
     for j, k in enumerate(counts):
         color = colors(j % 10)
-        for name, style in (("stock", dict(linestyle="--", marker="s", markerfacecolor="none")),
-                            ("longspark", dict(linestyle="-", marker="o"))):  # fmt: skip
+        for name, style in (
+            ("stock", dict(linestyle="--", marker="s", markerfacecolor="none")),
+            ("longspark", dict(linestyle="-", marker="o")),
+        ):
             label = f"k={k} {'stock' if name == 'stock' else 'fast'}"
             ms = [row[j] for row in result[f"{name}_ms"]]
             ms_ax.plot(lengths, ms, color=color, label=label, **style)

@@ -2,7 +2,7 @@
 full-prefix drafter.
 
 Definitions. A *round* is one target verification forward after the prefill. `tau = (new tokens - 1) / rounds`
-(`accepted_length`): the prefill forward yields the first new token and every round adds the accepted draft tokens
+(`inference.stats.tau`): the prefill forward yields the first new token and every round adds the accepted draft tokens
 plus one. Plain `generate` runs one forward per token, so its tau is 1. For prompt lookup, rounds are counted as
 target forward calls minus one (it may already verify candidates with the prefill, which the `tokens_per_forward`
 column, new tokens / target forwards, accounts for exactly).
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -38,7 +38,7 @@ from .common import generation_config_fields, machine_info, time_forward_calls, 
 from .defaults import DEFAULT_LOOKUP_MIN_MATCH, DEFAULT_LOOKUP_NUM_TOKENS, METHODS, MODES, PLAIN_METHODS
 from .models import make_full_prefix_drafter
 from .prompts import chat_prompt_ids
-from .speed_summary import METHOD_LABELS, accepted_length, add_speedups, new_tokens_from_round_log, summarize_runs
+from .speed_summary import METHOD_LABELS, add_speedups, new_tokens_from_round_log, summarize_runs
 
 # Which methods run in which decoding mode by default (the full-prefix baseline is measured greedily).
 DEFAULT_METHODS = {"greedy": METHODS, "sampled": tuple(m for m in METHODS if m != "full_prefix")}
@@ -193,16 +193,7 @@ class _Runner:
         }
         if drafter is not None:
             stats = drafter.drafting_stats
-            run.update(
-                rounds=stats.rounds,
-                drafted_tokens=stats.drafted_tokens,
-                proposal_seconds=stats.proposal_seconds,
-                context_update_seconds=stats.context_update_seconds,
-                context_state_bytes=stats.context_state_bytes,
-                lookup_rounds=stats.lookup_rounds,
-                accepted_histogram=list(stats.accepted_histogram),
-                acceptance_rates=stats.acceptance_rates(),
-            )
+            run.update(asdict(stats), acceptance_rates=stats.acceptance_rates())
         return run
 
 
@@ -381,7 +372,6 @@ __all__ = [
     "METHOD_LABELS",
     "MODES",
     "PLAIN_METHODS",
-    "accepted_length",
     "add_speedups",
     "drafter_method_settings",
     "drafter_settings",

@@ -1,4 +1,4 @@
-"""The speed benchmark's arithmetic: tau, per-method summaries of the runs, and speedups over plain `generate` and
+"""The speed benchmark's arithmetic: per-method summaries of the runs, and speedups over plain `generate` and
 over the fastest plain path of the same run."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..inference.stats import DraftingStats
+from ..inference.stats import DraftingStats, tau
 from .defaults import PLAIN_METHODS
 
 METHOD_LABELS = {
@@ -22,19 +22,6 @@ METHOD_LABELS = {
     "longspark_stock_verify": "LongSpark (stock verification, whole blocks)",
     "full_prefix": "full-prefix drafter",
 }
-
-
-def accepted_length(new_tokens: int, rounds: int) -> float:
-    """tau: tokens per verification round, bonus token included: `(new_tokens - 1) / rounds`.
-
-    The target's prefill forward yields the first new token; each round then adds its accepted draft tokens plus
-    one. Raises `ValueError` when there is no round to average over.
-    """
-    if new_tokens < 1 or rounds < 1:
-        raise ValueError(f"tau needs at least one new token and one round, got {new_tokens} tokens, {rounds} rounds.")
-    if new_tokens - 1 < rounds:
-        raise ValueError(f"{rounds} rounds cannot yield only {new_tokens - 1} tokens after the prefill.")
-    return (new_tokens - 1) / rounds
 
 
 def new_tokens_from_round_log(accepted_per_round: Sequence[int]) -> int:
@@ -111,7 +98,7 @@ def summarize_runs(runs: Sequence[Mapping[str, Any]], method: str) -> dict[str, 
         summary["tau"] = 1.0  # one target forward per token, by definition
     else:
         prefill_tokens = sum(1 for run in runs if run["new_tokens"] > 0)
-        summary["tau"] = accepted_length(tokens - prefill_tokens + 1, rounds) if rounds > 0 else None
+        summary["tau"] = tau(tokens, rounds, prefill_tokens) if rounds > 0 else None
     if all("verify_seconds" in run for run in runs):
         summary.update(_timing_fields(runs, tokens, seconds))
     if any("proposal_seconds" in run for run in runs):
@@ -150,7 +137,6 @@ def add_speedups(summaries: Mapping[str, dict[str, Any]]) -> None:
 
 __all__ = [
     "METHOD_LABELS",
-    "accepted_length",
     "add_speedups",
     "best_plain_method",
     "merge_histograms",

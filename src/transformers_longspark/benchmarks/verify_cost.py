@@ -98,12 +98,20 @@ def run_verify_cost(
     config = target.config.get_text_config()
     attention = target.config._attn_implementation
     if attention != "sdpa":
-        warnings.warn(f"The target uses {attention!r} attention, which fast_verification keeps: only the reserved "
-                      "cache rows differ between the two paths.", stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"The target uses {attention!r} attention, which fast_verification keeps: only the reserved "
+            "cache rows differ between the two paths.",
+            stacklevel=2,
+        )
     device = next(target.parameters()).device
     generator = torch.Generator().manual_seed(seed)
-    result: dict[str, Any] = {"prefix_lengths": lengths, "num_tokens": counts, "stock_ms": [], "longspark_ms": [],
-                              "prefill_ms": []}  # fmt: skip
+    result: dict[str, Any] = {
+        "prefix_lengths": lengths,
+        "num_tokens": counts,
+        "stock_ms": [],
+        "longspark_ms": [],
+        "prefill_ms": [],
+    }
     with torch.no_grad():
         for length in tqdm(lengths, desc="verify-cost", unit="prefix", disable=not progress):
             ids = torch.randint(0, config.vocab_size, (1, length + max(counts)), generator=generator).to(device)

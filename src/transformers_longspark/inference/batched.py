@@ -24,7 +24,6 @@ state is the target's hidden states at its last accepted position.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
@@ -33,9 +32,8 @@ from transformers.cache_utils import Cache
 from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 
-from ..context_state import LongSparkContextState, gather_columns, last_real_columns
+from ..context_state import gather_columns, last_real_columns
 from ..modeling_longspark import LongSparkDrafterModel
-from ..targets import HiddenStateCapture, check_sliding_window, check_target_compatible
 from .batched_checks import (
     check_batched_generation,
     check_default_position_ids,
@@ -43,16 +41,9 @@ from .batched_checks import (
     default_position_ids,
     max_cache_columns,
 )
-from .drafting import (
-    drafting_thresholds,
-    max_proposal_tokens,
-    new_lookup,
-    process_logits,
-    propose_blocks,
-    read_draft_context,
-)
+from .drafting import DraftRequests, DraftSettings, process_logits
 from .lookup import SuffixIndex
-from .stats import DraftingStats
+from .session import DraftSession
 
 # --- acceptance rules -------------------------------------------------------------------------------------------
 
@@ -129,27 +120,15 @@ class BatchedSpeculativeDecoder:
         generation_config: GenerationConfig,
         logits_processor: LogitsProcessorList | None,
     ):
-        config = drafter.config
-        check_target_compatible(config, target)
-        check_sliding_window(target, config.target_layer_ids, input_ids.shape[1])
-        drafter.bind_target(target)
+        self.session = DraftSession.for_generate(target, drafter, input_ids, generation_config, logits_processor)
+        self.settings, self.stats = self.session.settings, self.session.stats
         # The most tokens a round proposes (the drafter's block, or a longer lookup continuation).
-        self.block_size = max_proposal_tokens(drafter)
-        self.target, self.drafter, self.cache = target, drafter, cache
-        self.logits_processor = logits_processor if logits_processor else None
-        self.do_sample = bool(generation_config.do_sample)
-        self.eos_token_ids = getattr(generation_config, "_eos_token_tensor", None)
+        self.block_size = self.settings.max_proposal_tokens
+        self.target, self.cache = target, cache
         pad = getattr(generation_config, "_pad_token_tensor", None)
         self.pad_token_id = int(pad) if pad is not None else 0  # no pad: every sequence reaches max_length
         self.max_length = generation_config.max_length
-        token_threshold, block_threshold = drafting_thresholds(drafter)
-        self.draft_kwargs = dict(
-            logits_processor=self.logits_processor, do_sample=self.do_sample, confidence_threshold=token_threshold,
-            eos_token_ids=self.eos_token_ids, block_confidence_threshold=block_threshold,
-        )  # fmt: skip
-        self.capture = HiddenStateCapture(drafter.target.layers, config.target_layer_ids, keep=self.block_size + 1)
-        self.state = LongSparkContextState(config.num_draft_layers, config.summary_chunk_size)
-        self.stats = drafter.drafting_stats = DraftingStats()
+        self.state = self.session.new_state()
         batch_size, prompt_length = input_ids.shape
         self.batch_size, self.prompt_length = batch_size, prompt_length
         self.row_ids = torch.arange(batch_size, device=input_ids.device)
@@ -168,7 +147,7 @@ class BatchedSpeculativeDecoder:
             while len(self.row_ids) > 0:
                 self.round()
         finally:
-            self.capture.remove()
+            self.session.close()
         return self.outputs()
 
     def prefill(self, attention_mask: torch.Tensor | None) -> None:
@@ -176,52 +155,48 @@ class BatchedSpeculativeDecoder:
         input_ids = self.sequences[:, : self.prompt_length]
         mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
         if not mask[:, -1].all():
-            raise ValueError("Batched LongSpark decoding needs left-padded prompts (a row of attention_mask ends with "
-                             "0); pad on the left, e.g. `tokenizer.padding_side = 'left'`.")  # fmt: skip
-        position_ids = default_position_ids(mask)
+            raise ValueError(
+                "Batched LongSpark decoding needs left-padded prompts (a row of attention_mask ends with 0); pad on "
+                "the left, e.g. `tokenizer.padding_side = 'left'`."
+            )
         outputs = self.target(
-            input_ids=input_ids, attention_mask=None if mask.all() else mask.long(), position_ids=position_ids,
-            cache=self.cache, use_cache=True, logits_to_keep=1,
-        )  # fmt: skip
+            input_ids=input_ids,
+            attention_mask=None if mask.all() else mask.long(),
+            position_ids=default_position_ids(mask),
+            cache=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         logits = outputs.logits[:, -1].float()
-        logits = process_logits(self.logits_processor, self.sequences, self.row_ids, self.lengths, logits)
+        logits = process_logits(self.settings.logits_processor, self.sequences, self.row_ids, self.lengths, logits)
         probs = logits.softmax(dim=-1)
-        first = torch.multinomial(probs, num_samples=1) if self.do_sample else probs.argmax(dim=-1, keepdim=True)
+        sample = self.settings.do_sample
+        first = torch.multinomial(probs, num_samples=1) if sample else probs.argmax(dim=-1, keepdim=True)
         self.column_mask, self.positions = mask, mask.sum(dim=1)
-        padding = (~mask).sum(dim=1).tolist()  # each row's tokens start after its left padding
-        self.lookups = [new_lookup(self.drafter, offset) for offset in padding]
-        self.lookups = None if self.lookups[0] is None else self.lookups
-        self.state.boundary_states = self.boundary_states(torch.full_like(self.lengths, -1))
+        if self.settings.lookup_min_match:  # each row's tokens start after its left padding
+            self.lookups = [self.session.new_lookup(offset) for offset in (~mask).sum(dim=1).tolist()]
+        self.state.boundary_states = self.session.captured_boundary(torch.full_like(self.lengths, -1))
         self.commit(first, torch.ones_like(self.lengths))
 
     def round(self) -> None:
         """Drafts, verifies and accepts one block for every unfinished sequence."""
-        start = time.perf_counter()
-        context = read_draft_context(self.drafter, self.state, self.cache, self.column_mask.shape[1], self.column_mask)
+        context = self.session.read_context(self.state, self.cache, self.column_mask.shape[1], self.column_mask)
         self.compact_if_sparse()
-        drafting = time.perf_counter()
         room = (self.max_length - self.lengths - 1).clamp(min=0, max=self.block_size)
-        drafted, draft_logits, num_drafted, from_lookup = propose_blocks(
-            self.drafter, context, self.sequences, self.row_ids, self.lengths, room, self.lookups, self.draft_kwargs
-        )
-        self.stats.lookup_rounds += int(from_lookup.sum())
-        self.stats.context_update_seconds += drafting - start
-        self.stats.proposal_seconds += time.perf_counter() - drafting
-        self.stats.rounds += len(self.row_ids)
-        self.stats.batch_rounds += 1
-        self.stats.drafted_tokens += int(num_drafted.sum())
-        self.stats.context_state_bytes = self.state.nbytes
+        requests = DraftRequests(self.sequences, self.row_ids, self.lengths, room)
+        proposal = self.session.propose(context, requests, self.lookups)
+        drafted, num_drafted = proposal.tokens, proposal.num_drafted
 
         target_logits = self.verify(drafted, num_drafted)
-        if self.do_sample:
-            num_accepted, next_tokens = speculative_sampling(drafted, draft_logits, target_logits, num_drafted)
+        if self.settings.do_sample:
+            num_accepted, next_tokens = speculative_sampling(drafted, proposal.logits, target_logits, num_drafted)
         else:
             num_accepted, next_tokens = greedy_acceptance(drafted, target_logits, num_drafted)
         self.stats.record_accepted(num_accepted.tolist())
         steps = torch.arange(drafted.shape[1] + 1, device=drafted.device)
         self.column_mask = torch.cat([self.column_mask[:, : -len(steps)], steps <= num_accepted[:, None]], dim=1)
         self.positions = self.positions + num_accepted + 1
-        self.state.boundary_states = self.boundary_states(num_accepted)
+        self.state.boundary_states = self.session.captured_boundary(num_accepted)
         padded = torch.cat([drafted, next_tokens[:, None]], dim=1)
         new_tokens = torch.where(steps < num_accepted[:, None], padded, next_tokens[:, None])
         self.commit(new_tokens, num_accepted + 1)
@@ -234,19 +209,18 @@ class BatchedSpeculativeDecoder:
         block = torch.cat([self.sequences[self.row_ids, self.lengths - 1][:, None], drafted], dim=1)
         self.column_mask = torch.cat([self.column_mask, steps <= num_drafted[:, None]], dim=1)
         position_ids = self.positions[:, None] + steps
-        outputs = self.target(input_ids=block, attention_mask=self.column_mask, position_ids=position_ids,
-                              cache=self.cache, use_cache=True)  # fmt: skip
+        outputs = self.target(
+            input_ids=block,
+            attention_mask=self.column_mask,
+            position_ids=position_ids,
+            cache=self.cache,
+            use_cache=True,
+        )
         logits = outputs.logits.float()
+        processor = self.settings.logits_processor
         for i in range(len(steps)):
-            logits[:, i] = process_logits(
-                self.logits_processor, self.sequences, self.row_ids, self.lengths + i, logits[:, i]
-            )
+            logits[:, i] = process_logits(processor, self.sequences, self.row_ids, self.lengths + i, logits[:, i])
         return logits
-
-    def boundary_states(self, index: torch.LongTensor) -> torch.Tensor:
-        """`(n, D * hidden_size)`: the selected layers' states at block position `index[r]` of the last forward."""
-        rows = torch.arange(len(index), device=index.device)
-        return torch.cat([states[rows, index] for states in self.capture.states], dim=-1)
 
     def commit(self, new_tokens: torch.LongTensor, count: torch.LongTensor) -> None:
         """Appends each sequence's first `count[r]` of `new_tokens` `(n, m)`, cut after an EOS and at `max_length`,
@@ -254,8 +228,9 @@ class BatchedSpeculativeDecoder:
         steps = torch.arange(new_tokens.shape[1], device=new_tokens.device)
         keep = torch.minimum(count, self.max_length - self.lengths)
         ended = self.lengths + keep >= self.max_length
-        if self.eos_token_ids is not None:
-            is_eos = torch.isin(new_tokens, self.eos_token_ids.to(new_tokens.device)) & (steps < keep[:, None])
+        eos_token_ids = self.settings.eos_token_ids
+        if eos_token_ids is not None:
+            is_eos = torch.isin(new_tokens, eos_token_ids.to(new_tokens.device)) & (steps < keep[:, None])
             has_eos = is_eos.any(dim=1)
             keep = torch.where(has_eos, is_eos.long().argmax(dim=1) + 1, keep)
             ended |= has_eos
@@ -311,7 +286,7 @@ def batched_speculative_decoding(
 
     Returns `(batch, prompt + new)` sequences, each padded with `pad_token_id` after its EOS.
     """
-    block_size = max_proposal_tokens(assistant_model)
+    block_size = DraftSettings.from_drafter(assistant_model).max_proposal_tokens
     check_batched_generation(
         model, generation_config, logits_processor, stopping_criteria, streamer, synced_gpus, model_kwargs, block_size
     )

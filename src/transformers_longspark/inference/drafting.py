@@ -1,16 +1,17 @@
-"""One drafting round for `n` requests, shared by transformers' batch-1 loop (`generation.py`) and the batched loop
-(`batched.py`): read each request's context views from the target cache (`read_draft_context`), then draft its block
-with one drafter forward (`draft_tokens`), applying `generate`'s logits processors as plain `generate` would
-(`process_logits`).
+"""One drafting round for `n` requests: the proposal sources and the settings they follow.
+
+`propose_blocks` chooses per request between the lookup source's continuation (`lookup.py`) and a block drafted by
+one drafter forward (`draft_tokens`), which applies the Markov correction and `generate`'s logits processors token by
+token (`process_logits`) and the confidence cuts. `DraftSettings` holds what the cuts, the lookup source and the
+sampling read; `DraftRequests` the requests of one round. The drafting session (`session.py`) calls them each round.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, replace
 
 import torch
-import torch.nn.functional as F
-from transformers.cache_utils import Cache
+from transformers import GenerationConfig
 from transformers.generation.logits_process import (
     EpsilonLogitsWarper,
     EtaLogitsWarper,
@@ -24,105 +25,131 @@ from transformers.generation.logits_process import (
     TypicalLogitsWarper,
 )
 
-from ..context_state import DraftContext, LongSparkContextState, gather_columns, last_real_columns
+from ..context_state import DraftContext
 from ..modeling_longspark import LongSparkDrafterModel
-from ..targets import read_cache_rows
 from .lookup import SuffixIndex, point_mass_logits
-
-
-def read_draft_context(
-    drafter: LongSparkDrafterModel,
-    state: LongSparkContextState,
-    cache: Cache,
-    num_columns: int,
-    column_mask: torch.BoolTensor | None = None,
-) -> DraftContext:
-    """Absorbs the cache columns added since the last round into the summary and gathers this round's context views.
-
-    Args:
-        drafter: the drafter (its config and summary queries).
-        state: the requests' persistent state; its `boundary_states` must already be set for this round.
-        cache: the target cache, `num_columns` columns long.
-        column_mask: `(N, num_columns)` bool, True where a column holds a real row of request `n` (False for left
-            padding and rejected drafts). `None`: one request whose columns are all real; its window is then a view of
-            the cache tail (no copy). With a mask, each request's window is gathered from its own last real rows.
-    """
-    config = drafter.config
-    new_rows = num_columns - state.num_absorbed
-    use_summary = config.use_global_summary and not config.full_prefix_context
-    use_window = config.use_recent_window or config.full_prefix_context
-    device = state.boundary_states.device
-    if column_mask is None:
-        window_rows = num_columns if config.full_prefix_context else min(config.window_size, num_columns)
-        rows_to_read = max(new_rows if use_summary else 0, window_rows)
-        window_index = window_mask = new_mask = None
-        positions = torch.tensor([num_columns], device=device)
-    else:
-        positions = column_mask.sum(dim=1)
-        longest = int(positions.max())
-        window_rows = longest if config.full_prefix_context else min(config.window_size, longest)
-        rows_to_read = num_columns
-        window_index, window_mask = last_real_columns(column_mask, window_rows)
-        new_mask = column_mask[:, num_columns - new_rows :]
-    window_keys, window_values = [], []
-    for j, layer_id in enumerate(config.target_layer_ids):
-        keys, values = read_cache_rows(cache, layer_id, rows_to_read)
-        if use_summary and new_rows > 0:
-            queries = drafter.summary_queries[j]
-            state.absorb(j, queries, keys[:, :, -new_rows:], values[:, :, -new_rows:], new_mask)
-        if use_window and window_index is None:
-            window_keys.append(keys[:, :, -window_rows:])
-            window_values.append(values[:, :, -window_rows:])
-        elif use_window:
-            window_keys.append(gather_columns(keys, window_index))
-            window_values.append(gather_columns(values, window_index))
-    state.num_absorbed = num_columns
-    return DraftContext(
-        boundary_states=state.boundary_states,
-        window_keys=window_keys,
-        window_values=window_values,
-        window_mask=window_mask if use_window else None,
-        summary_values=list(state.summaries) if use_summary else [],
-        positions=positions,
-    )
-
-
-def drafting_thresholds(drafter: LongSparkDrafterModel) -> tuple[float, float]:
-    """`(token, block)` confidence thresholds of the drafter's generation config (see `draft_tokens`): transformers'
-    `assistant_confidence_threshold`, and LongSpark's `block_confidence_threshold` (0 where unset)."""
-    config = drafter.generation_config
-    return config.assistant_confidence_threshold or 0.0, getattr(config, "block_confidence_threshold", 0.0) or 0.0
-
 
 # The longest suffix the lookup source matches: longer matches are rarer and add little over this one.
 LOOKUP_MAX_NGRAM = 6
 
 
-def lookup_settings(drafter: LongSparkDrafterModel) -> tuple[int, int]:
-    """`(min_match, num_tokens)` of the lookup source, from the drafter's generation config (`propose_blocks`):
-    `lookup_min_match` (0 or unset: off) and `lookup_num_tokens` (unset: the block size)."""
-    config = drafter.generation_config
-    min_match = getattr(config, "lookup_min_match", 0) or 0
-    return min_match, getattr(config, "lookup_num_tokens", None) or drafter.config.block_size
+@dataclass(frozen=True)
+class DraftSettings:
+    """What a round's proposals follow. The drafter's generation config gives the confidence cuts and the lookup
+    source, the `generate` call (or the serving engine) the sampling, the EOS ids and the logits processors.
+
+    Attributes:
+        block_size: `B`, the most tokens one drafter forward proposes.
+        do_sample: sample each draft from its distribution (else take its argmax).
+        token_threshold / block_threshold: the confidence cuts of `draft_tokens` (0: off): transformers'
+            `assistant_confidence_threshold`, and LongSpark's `block_confidence_threshold`.
+        lookup_min_match: shortest matched suffix that makes a request take the lookup continuation (0: lookup off).
+        lookup_num_tokens: the most tokens of a lookup continuation.
+        eos_token_ids: `(k,)` ids that end a block, or `None`.
+        logits_processor: `generate`'s processors, applied to every drafted position, or `None`.
+    """
+
+    block_size: int
+    do_sample: bool = False
+    token_threshold: float = 0.0
+    block_threshold: float = 0.0
+    lookup_min_match: int = 0
+    lookup_num_tokens: int = 0
+    eos_token_ids: torch.Tensor | None = None
+    logits_processor: LogitsProcessorList | None = None
+
+    @classmethod
+    def from_drafter(cls, drafter: LongSparkDrafterModel, **call: object) -> DraftSettings:
+        """The drafter's own settings (its `generation_config`), with `call`'s fields (`do_sample`, `eos_token_ids`,
+        `logits_processor`) from the caller."""
+        config, block_size = drafter.generation_config, drafter.config.block_size
+        min_match = getattr(config, "lookup_min_match", 0) or 0
+        return cls(
+            block_size=block_size,
+            token_threshold=config.assistant_confidence_threshold or 0.0,
+            block_threshold=getattr(config, "block_confidence_threshold", 0.0) or 0.0,
+            lookup_min_match=min_match,
+            lookup_num_tokens=(getattr(config, "lookup_num_tokens", None) or block_size) if min_match else 0,
+            **call,
+        )
+
+    @classmethod
+    def for_generate(
+        cls,
+        drafter: LongSparkDrafterModel,
+        generation_config: GenerationConfig,
+        logits_processor: LogitsProcessorList | None,
+    ) -> DraftSettings:
+        """The settings of a `generate` call: its sampling, EOS ids and logits processors."""
+        return cls.from_drafter(
+            drafter,
+            do_sample=bool(generation_config.do_sample),
+            eos_token_ids=getattr(generation_config, "_eos_token_tensor", None),
+            logits_processor=logits_processor or None,
+        )
+
+    @property
+    def max_proposal_tokens(self) -> int:
+        """The most tokens one round proposes: the block size, or the lookup continuation's length if longer."""
+        return max(self.block_size, self.lookup_num_tokens)
+
+    def new_lookup(self, offset: int = 0) -> SuffixIndex | None:
+        """An empty `SuffixIndex` for one request (its tokens start at column `offset`), or `None` with lookup off."""
+        if not self.lookup_min_match:
+            return None
+        return SuffixIndex(self.lookup_min_match, max(self.lookup_min_match, LOOKUP_MAX_NGRAM), offset)
 
 
-def max_proposal_tokens(drafter: LongSparkDrafterModel) -> int:
-    """The most tokens one round can propose: the block size, or the lookup continuation's length if longer."""
-    min_match, num_tokens = lookup_settings(drafter)
-    return max(drafter.config.block_size, num_tokens if min_match else 0)
+@dataclass
+class DraftRequests:
+    """The `n` requests of one round.
+
+    Attributes:
+        sequences: `(batch, S)` tokens of the whole batch; request `r`'s are `sequences[rows[r], :lengths[r]]`, the
+            last one its anchor `a`. Its drafts are written in place after them (the logits processors read them),
+            so `S >= lengths + room`.
+        rows / lengths / room: `(n,)` batch row, length and most tokens to propose of each request.
+    """
+
+    sequences: torch.LongTensor
+    rows: torch.LongTensor
+    lengths: torch.LongTensor
+    room: torch.LongTensor
+
+    def select(self, index: torch.LongTensor) -> DraftRequests:
+        """The requests `index` `(n',)` only (the same `sequences`)."""
+        return replace(self, rows=self.rows[index], lengths=self.lengths[index], room=self.room[index])
 
 
-def new_lookup(drafter: LongSparkDrafterModel, offset: int = 0) -> SuffixIndex | None:
-    """An empty `SuffixIndex` for one request (its tokens start at column `offset`), or `None` when lookup is off."""
-    min_match, _ = lookup_settings(drafter)
-    return SuffixIndex(min_match, max(min_match, LOOKUP_MAX_NGRAM), offset) if min_match else None
+@dataclass
+class Proposal:
+    """One round's proposal for `n` requests.
+
+    Attributes:
+        tokens: `(n, k)` proposed tokens; columns past `num_drafted[r]` are to be ignored.
+        logits: `(n, k, vocab_size)` the processed logits each token was drawn from (one-hot for lookup tokens).
+        num_drafted: `(n,)` tokens proposed per request.
+        from_lookup: `(n,)` which requests took the lookup continuation.
+    """
+
+    tokens: torch.LongTensor
+    logits: torch.Tensor
+    num_drafted: torch.LongTensor
+    from_lookup: torch.BoolTensor
 
 
 # Processors that read the scores alone, never the sequence: applied to all requests at once, whatever their lengths.
 SCORE_ONLY_PROCESSORS = (
-    TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper, TypicalLogitsWarper,
-    EpsilonLogitsWarper, EtaLogitsWarper, InfNanRemoveLogitsProcessor, SuppressTokensLogitsProcessor,
-)  # fmt: skip
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    MinPLogitsWarper,
+    TypicalLogitsWarper,
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
+    InfNanRemoveLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+)
 
 
 def process_logits(
@@ -166,25 +193,16 @@ def process_logits(
 
 @torch.no_grad()
 def draft_tokens(
-    drafter: LongSparkDrafterModel,
-    context: DraftContext,
-    sequences: torch.LongTensor,
-    rows: torch.LongTensor,
-    lengths: torch.LongTensor,
-    max_tokens: torch.LongTensor,
-    logits_processor: LogitsProcessorList | None,
-    do_sample: bool,
-    confidence_threshold: float,
-    eos_token_ids: torch.Tensor | None,
-    block_confidence_threshold: float = 0.0,
-) -> tuple[torch.LongTensor, torch.Tensor, torch.LongTensor]:
+    drafter: LongSparkDrafterModel, context: DraftContext, requests: DraftRequests, settings: DraftSettings
+) -> Proposal:
     """One drafter forward over the blocks `[a, MASK, ...]` of `n` requests, then the Markov correction and the
     logits processors token by token, sampling (or taking the argmax of) exactly the distributions returned.
 
-    A request's block ends after `max_tokens[r]` tokens, after an EOS, and before the first position `i > 1` whose
-    confidence, the largest probability of its draft distribution `q_i`, is below `confidence_threshold`, or at which
-    the product of the block's probabilities so far (drawn tokens `q_1(y_1) ... q_{i-1}(y_{i-1})`, times `q_i`'s
-    confidence: an estimate of the chance that the whole block is accepted) falls below `block_confidence_threshold`
+    A request's block ends after `requests.room[r]` tokens (at most `B`), after an EOS, and before the first position
+    `i > 1` whose confidence, the largest probability of its draft distribution `q_i`, is below
+    `settings.token_threshold`, or at which the product of the block's probabilities so far (drawn tokens
+    `q_1(y_1) ... q_{i-1}(y_{i-1})`, times `q_i`'s confidence: an estimate of the chance that the whole block is
+    accepted) falls below `settings.block_threshold`
     (dynamic block length: each verified token costs a share of a target step, which unlikely tokens do not repay).
 
     The cuts keep sampling exact: whether position `i` is proposed is decided from `q_i` and the tokens drawn before
@@ -192,16 +210,11 @@ def draft_tokens(
     on `q_i(y_i)` would propose `q_i` restricted to the tokens that pass, and bias the output.) In greedy decoding the
     drawn token is the argmax, so both rules cut at the same place.
 
-    Args:
-        sequences: `(batch, S)` tokens of the whole batch; request `r`'s are `sequences[rows[r], :lengths[r]]`, the
-            last one its anchor `a`. Its drafts are written in place after them (the processors read them), so
-            `S >= lengths + max_tokens`.
-        rows / lengths / max_tokens: `(n,)` batch row, length and most tokens to draft of each request.
-
-    Returns:
-        `(tokens, logits, num_drafted)`: `(n, k)` drafted tokens, their `(n, k, vocab_size)` processed logits and the
-        `(n,)` number kept per request; columns past `num_drafted[r]` are to be ignored.
+    Returns the drafted `Proposal` (`from_lookup` all False). The drafts are also written into `requests.sequences`.
     """
+    sequences, rows, lengths = requests.sequences, requests.rows, requests.lengths
+    max_tokens = requests.room.clamp(max=drafter.config.block_size)
+    logits_processor, eos_token_ids = settings.logits_processor, settings.eos_token_ids
     device = sequences.device
     previous = sequences[rows, lengths - 1]
     masks = previous.new_full((len(rows), drafter.config.block_size - 1), drafter.config.mask_token_id)
@@ -224,9 +237,9 @@ def draft_tokens(
         probs = torch.softmax(logits, dim=-1)
         if i > 0:  # decided before drawing y_i (see the docstring): the cut must not depend on the token it drops
             confidence = probs.max(dim=-1).values
-            drafting &= confidence >= confidence_threshold
-            drafting &= block_probability * confidence >= block_confidence_threshold
-        choice = torch.multinomial(probs, num_samples=1)[:, 0] if do_sample else probs.argmax(dim=-1)
+            drafting &= confidence >= settings.token_threshold
+            drafting &= block_probability * confidence >= settings.block_threshold
+        choice = torch.multinomial(probs, num_samples=1)[:, 0] if settings.do_sample else probs.argmax(dim=-1)
         token = drafter.to_target_ids(choice) if in_draft_vocab else choice
         block_probability = block_probability * probs.gather(-1, choice[:, None])[:, 0]
         num_drafted += drafting
@@ -237,88 +250,71 @@ def draft_tokens(
         if eos_token_ids is not None:
             drafting &= ~torch.isin(token, eos_token_ids.to(device))
         previous = token
+    from_lookup = torch.zeros_like(drafting)
     if not drafted_ids:
-        vocab_size = drafter.config.vocab_size
-        return sequences.new_zeros(len(rows), 0), base_logits.new_zeros(len(rows), 0, vocab_size), num_drafted
+        empty_logits = base_logits.new_zeros(len(rows), 0, drafter.config.vocab_size)
+        return Proposal(sequences.new_zeros(len(rows), 0), empty_logits, num_drafted, from_lookup)
     logits = torch.stack(drafted_logits, dim=1)
-    return torch.stack(drafted_ids, dim=1), drafter.to_target_vocab(logits) if in_draft_vocab else logits, num_drafted
+    logits = drafter.to_target_vocab(logits) if in_draft_vocab else logits
+    return Proposal(torch.stack(drafted_ids, dim=1), logits, num_drafted, from_lookup)
 
 
 @torch.no_grad()
 def propose_blocks(
     drafter: LongSparkDrafterModel,
     context: DraftContext,
-    sequences: torch.LongTensor,
-    rows: torch.LongTensor,
-    lengths: torch.LongTensor,
-    room: torch.LongTensor,
-    lookups: list[SuffixIndex] | None,
-    draft_kwargs: dict[str, Any],
-) -> tuple[torch.LongTensor, torch.Tensor, torch.LongTensor, torch.BoolTensor]:
+    requests: DraftRequests,
+    settings: DraftSettings,
+    lookups: list[SuffixIndex] | None = None,
+) -> Proposal:
     """This round's proposal for `n` requests: the lookup source's continuation where the request's suffix occurred
     before (`lookup.py`), the drafter's block elsewhere (one forward for those requests, `draft_tokens`).
 
-    Args:
-        sequences / rows / lengths: as in `draft_tokens`; `room`: `(n,)` most tokens each request may be proposed.
-        lookups: per request, its `SuffixIndex` (extended here with the request's tokens since the last round), or
-            `None` when lookup is off. A request takes its lookup continuation when the matched suffix has at least
-            `lookup_min_match` tokens: `lookup_num_tokens` tokens at no drafter cost, proposed with the point-mass law
-            (one-hot logits), which is exactly how they were chosen.
-        draft_kwargs: `draft_tokens`' remaining arguments (logits processors, sampling, thresholds, EOS ids).
-
-    Returns:
-        `(tokens, logits, num_drafted, from_lookup)`: as `draft_tokens` returns them, and `(n,)` which requests
-        took the lookup continuation.
+    `lookups`: per request, its `SuffixIndex` (extended here with the request's tokens since the last round), or
+    `None` with lookup off. A request takes its lookup continuation when the matched suffix has at least
+    `settings.lookup_min_match` tokens: up to `lookup_num_tokens` tokens at no drafter cost, proposed with the
+    point-mass law (one-hot logits), which is exactly how they were chosen.
     """
-    n, device = len(rows), sequences.device
-    drafter_rows = list(range(n))
-    proposals: dict[int, list[int]] = {}
-    if lookups is not None:
-        min_match, num_tokens = lookup_settings(drafter)
-        for r, index in enumerate(lookups):
-            index.extend(sequences[rows[r], index.offset + len(index) : int(lengths[r])].tolist())
-            continuation, matched = index.propose(min(num_tokens, int(room[r])))
-            if matched >= min_match and continuation:
-                proposals[r] = continuation
-        drafter_rows = [r for r in range(n) if r not in proposals]
-    vocab_size = drafter.config.vocab_size
-    width = max((len(c) for c in proposals.values()), default=0)
-    tokens, logits, num_drafted = sequences.new_zeros(n, 0), torch.zeros(n, 0, vocab_size, device=device), None
-    if drafter_rows:
-        index = torch.tensor(drafter_rows, device=device)
-        max_tokens = room[index].clamp(max=drafter.config.block_size)
-        drafted = draft_tokens(drafter, context if len(index) == n else context.select(index), sequences, rows[index],
-                               lengths[index], max_tokens, **draft_kwargs)  # fmt: skip
-        if len(index) == n:
-            tokens, logits, num_drafted = drafted
-        else:
-            width = max(width, drafted[0].shape[1])
-            tokens, logits = sequences.new_zeros(n, width), drafted[1].new_zeros(n, width, vocab_size)
-            num_drafted = lengths.new_zeros(n)
-            tokens[index, : drafted[0].shape[1]], logits[index, : drafted[0].shape[1]] = drafted[0], drafted[1]
-            num_drafted[index] = drafted[2]
-    from_lookup = torch.zeros(n, dtype=torch.bool, device=device)
-    if proposals:
-        if num_drafted is None or tokens.shape[1] < width:
-            tokens = F.pad(tokens, (0, width - tokens.shape[1]))
-            logits = F.pad(logits, (0, 0, 0, width - logits.shape[1]))
-            num_drafted = lengths.new_zeros(n) if num_drafted is None else num_drafted
-        for r, continuation in proposals.items():
-            ids = torch.tensor(continuation, device=device)
-            tokens[r, : len(ids)], logits[r, : len(ids)] = ids, point_mass_logits(ids, vocab_size)
-            num_drafted[r], from_lookup[r] = len(ids), True
-            sequences[rows[r], lengths[r] : lengths[r] + len(ids)] = ids  # the logits processors read the drafts
-    return tokens, logits, num_drafted, from_lookup
+    sequences, rows, lengths = requests.sequences, requests.rows, requests.lengths
+    n, device, vocab_size = len(rows), sequences.device, drafter.config.vocab_size
+    continuations: dict[int, list[int]] = {}
+    for r, index in enumerate(lookups or []):
+        index.extend(sequences[rows[r], index.offset + len(index) : int(lengths[r])].tolist())
+        continuation, matched = index.propose(min(settings.lookup_num_tokens, int(requests.room[r])))
+        if matched >= settings.lookup_min_match and continuation:
+            continuations[r] = continuation
+    if not continuations:
+        return draft_tokens(drafter, context, requests, settings)
+    drafter_rows = torch.tensor([r for r in range(n) if r not in continuations], dtype=torch.long, device=device)
+    drafted = None
+    if len(drafter_rows):
+        drafted = draft_tokens(drafter, context.select(drafter_rows), requests.select(drafter_rows), settings)
+    width = max([len(c) for c in continuations.values()] + [drafted.tokens.shape[1] if drafted else 0])
+    proposal = Proposal(
+        tokens=sequences.new_zeros(n, width),
+        logits=torch.zeros(n, width, vocab_size, device=device),
+        num_drafted=lengths.new_zeros(n),
+        from_lookup=torch.zeros(n, dtype=torch.bool, device=device),
+    )
+    if drafted is not None:
+        k = drafted.tokens.shape[1]
+        proposal.tokens[drafter_rows, :k], proposal.logits[drafter_rows, :k] = drafted.tokens, drafted.logits
+        proposal.num_drafted[drafter_rows] = drafted.num_drafted
+    for r, continuation in continuations.items():
+        ids = torch.tensor(continuation, device=device)
+        proposal.tokens[r, : len(ids)], proposal.logits[r, : len(ids)] = ids, point_mass_logits(ids, vocab_size)
+        proposal.num_drafted[r], proposal.from_lookup[r] = len(ids), True
+        sequences[rows[r], lengths[r] : lengths[r] + len(ids)] = ids  # the logits processors read the drafts
+    return proposal
 
 
 __all__ = [
+    "LOOKUP_MAX_NGRAM",
     "SCORE_ONLY_PROCESSORS",
+    "DraftRequests",
+    "DraftSettings",
+    "Proposal",
     "draft_tokens",
-    "drafting_thresholds",
-    "lookup_settings",
-    "max_proposal_tokens",
-    "new_lookup",
     "process_logits",
     "propose_blocks",
-    "read_draft_context",
 ]

@@ -14,7 +14,6 @@ sequences per prompt, static caches) are refused before any token.
 from __future__ import annotations
 
 import threading
-import time
 from contextlib import nullcontext
 from typing import Any, ClassVar
 
@@ -26,27 +25,23 @@ from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEME
 from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.utils import GenerationMixin
 
-from ..context_state import DraftContext, LongSparkContextState
+from ..context_state import DraftContext
 from ..modeling_longspark import LongSparkDrafterModel
-from ..targets import HiddenStateCapture, check_sliding_window, check_target_compatible
-from .drafting import (
-    drafting_thresholds,
-    max_proposal_tokens,
-    new_lookup,
-    propose_blocks,
-    read_draft_context,
-)
+from ..targets import check_target_compatible
+from .drafting import DraftRequests, DraftSettings
+from .session import DraftSession
 from .stats import DraftingStats
 from .verification import fast_verification
 
 
 class LongSparkCandidateGenerator(CandidateGenerator):
-    """Proposes one block of up to `B` tokens per round from the target's fixed-size context.
+    """Proposes one block of up to `B` tokens per round from the target's fixed-size context: transformers' batch-1
+    assisted loop driving a `DraftSession`.
 
-    Per round it (1) folds the target-cache rows retained since the last round into the global summary, (2) views
-    the recent window in the target cache and takes the boundary states captured at the last accepted position,
-    (3) runs one drafter forward over `[a, MASK, ...]` and (4) applies the Markov correction and the target's
-    logits processors token by token, sampling (or taking the argmax of) exactly the distributions it returns.
+    Per round it takes the boundary states captured at the last accepted position, folds the target-cache rows
+    retained since the last round into the global summary and views the recent window (`DraftSession.read_context`),
+    then proposes: the lookup continuation, or one drafter forward over `[a, MASK, ...]` with the Markov correction
+    and the target's logits processors applied token by token (`DraftSession.propose`).
     """
 
     requires_model_outputs = True
@@ -67,28 +62,16 @@ class LongSparkCandidateGenerator(CandidateGenerator):
                 f"got {input_ids.shape[0]}. `target.generate(..., assistant_model=drafter)` runs batches in "
                 "`transformers_longspark.inference.batched` instead."
             )
-        check_target_compatible(drafter.config, target)
-        config = drafter.config
-        check_sliding_window(target, config.target_layer_ids, input_ids.shape[1])
-        drafter.bind_target(target)
-        self.drafter, self.config = drafter, config
-        self.layer_ids = config.target_layer_ids
-        self.max_proposal = max_proposal_tokens(drafter)
-        self.capture = HiddenStateCapture(drafter.target.layers, self.layer_ids, keep=self.max_proposal + 1)
-        self.state = LongSparkContextState(config.num_draft_layers, config.summary_chunk_size)
-        self.do_sample = bool(generation_config.do_sample)
-        self.logits_processor = logits_processor if logits_processor else None
-        self.eos_token_ids = getattr(generation_config, "_eos_token_tensor", None)
+        self.session = DraftSession.for_generate(target, drafter, input_ids, generation_config, logits_processor)
+        self.state = self.session.new_state()
+        self.lookup = self.session.new_lookup()
         self.max_length = generation_config.max_length
-        token_threshold, block_threshold = drafting_thresholds(drafter)
-        self.draft_kwargs = dict(
-            logits_processor=self.logits_processor, do_sample=self.do_sample, confidence_threshold=token_threshold,
-            eos_token_ids=self.eos_token_ids, block_confidence_threshold=block_threshold,
-        )  # fmt: skip
-        self.lookup = new_lookup(drafter)
         self.boundary_from_prefill = True
         self.round_open = False  # a drafting round counted in `stats.rounds` awaits its verification
-        self.stats = drafter.drafting_stats = DraftingStats()
+
+    @property
+    def stats(self) -> DraftingStats:
+        return self.session.stats
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, num_matches: int):
         """Called by transformers after each verification (the prefill's included) with the drafts accepted."""
@@ -98,7 +81,7 @@ class LongSparkCandidateGenerator(CandidateGenerator):
 
     def close(self) -> None:
         """Removes the hidden-state hooks from the target (the generate hook calls it when decoding ends or fails)."""
-        self.capture.remove()
+        self.session.close()
 
     @torch.no_grad()
     def get_candidates(
@@ -113,21 +96,14 @@ class LongSparkCandidateGenerator(CandidateGenerator):
         # The target must prefill first: the drafter needs its cache and boundary states.
         if is_first_iteration:
             return input_ids, None
-        self.stats.rounds += 1
-        self.stats.batch_rounds += 1
         self.round_open = True
-        start = time.perf_counter()
         context = self.update_context(model_kwargs["cache"], input_ids.shape[1] - 1, n_last_matches)
-        after_update = time.perf_counter()
-        self.stats.context_update_seconds += after_update - start
-
-        num_tokens = min(self.max_proposal, self.max_length - input_ids.shape[1] - 1)
-        if num_tokens <= 0:
+        num_tokens = min(self.session.settings.max_proposal_tokens, self.max_length - input_ids.shape[1] - 1)
+        if num_tokens <= 0:  # the verification forward still runs: a round without drafts
+            self.stats.rounds += 1
+            self.stats.batch_rounds += 1
             return input_ids, None
-        candidate_ids, candidate_logits = self.propose(input_ids, context, num_tokens)
-        self.stats.proposal_seconds += time.perf_counter() - after_update
-        self.stats.drafted_tokens += candidate_logits.shape[1]
-        return candidate_ids, candidate_logits
+        return self.propose(input_ids, context, num_tokens)
 
     @torch.no_grad()
     def update_context(self, cache, num_cached: int, n_last_matches: int) -> DraftContext:
@@ -140,26 +116,21 @@ class LongSparkCandidateGenerator(CandidateGenerator):
         # After prefill the boundary is the last prompt position; after a round it is the last accepted token.
         position = -1 if self.boundary_from_prefill else n_last_matches
         self.boundary_from_prefill = False
-        self.state.boundary_states = self.capture.concatenated(position)
-        context = read_draft_context(self.drafter, self.state, cache, num_cached)
-        self.stats.context_state_bytes = self.state.nbytes
-        return context
+        self.state.boundary_states = self.session.captured_boundary(torch.tensor([position]))
+        return self.session.read_context(self.state, cache, num_cached)
 
     @torch.no_grad()
     def propose(
         self, input_ids: torch.LongTensor, context: DraftContext, num_tokens: int
     ) -> tuple[torch.LongTensor, torch.Tensor]:
         """Proposes at most `num_tokens` tokens (the lookup continuation, or a drafted block); returns them appended
-        to `input_ids` and their `(1, k, V)` logits (`drafting.propose_blocks`)."""
+        to `input_ids` and their `(1, k, V)` logits."""
         rows = torch.zeros(1, dtype=torch.long, device=input_ids.device)
         sequences = torch.cat([input_ids, input_ids.new_zeros(1, num_tokens)], dim=1)  # room for the drafts
-        tokens, logits, num_drafted, from_lookup = propose_blocks(
-            self.drafter, context, sequences, rows, rows + input_ids.shape[1], rows + num_tokens,
-            None if self.lookup is None else [self.lookup], self.draft_kwargs,
-        )  # fmt: skip
-        self.stats.lookup_rounds += int(from_lookup.sum())
-        num_drafted = int(num_drafted[0])
-        return torch.cat([input_ids, tokens[:, :num_drafted]], dim=1), logits[:, :num_drafted]
+        requests = DraftRequests(sequences, rows, rows + input_ids.shape[1], rows + num_tokens)
+        proposal = self.session.propose(context, requests, None if self.lookup is None else [self.lookup])
+        k = int(proposal.num_drafted[0])
+        return torch.cat([input_ids, proposal.tokens[:, :k]], dim=1), proposal.logits[:, :k]
 
 
 class _OpenGenerators(threading.local):
@@ -175,8 +146,9 @@ _original_validate_generation_mode = GenerationMixin._validate_generation_mode
 _original_assisted_decoding = GenerationMixin._assisted_decoding
 
 
-def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
-                             assistant_model=None, **kwargs) -> CandidateGenerator:  # fmt: skip
+def _get_candidate_generator(
+    self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs, assistant_model=None, **kwargs
+) -> CandidateGenerator:
     if isinstance(assistant_model, LongSparkDrafterModel):
         generator = LongSparkCandidateGenerator(self, assistant_model, input_ids, generation_config, logits_processor)
         _open.generators.append(generator)
@@ -196,7 +168,7 @@ def _assisted_decoding(self, input_ids, *args, assistant_model=None, **kwargs):
         from .batched import batched_speculative_decoding, max_cache_columns
 
         decode = batched_speculative_decoding
-        max_length = max_cache_columns(max_length, max_proposal_tokens(assistant_model))
+        max_length = max_cache_columns(max_length, DraftSettings.from_drafter(assistant_model).max_proposal_tokens)
     else:
         decode = _original_assisted_decoding
     # The fast verification path and the hidden-state hooks live exactly as long as the decoding loop, even when it

@@ -82,8 +82,10 @@ class DataSource:
         if isinstance(first, dict) and (self.text_field in first or "messages" in first):
             return "text"
         fields = sorted(first) if isinstance(first, dict) else type(first).__name__
-        raise ValueError(f"{files[0]}: cannot tell the format of its records (fields: {fields}); use the records "
-                         f"of `longspark regenerate`, '{self.text_field}' JSONL, or `format:`.")  # fmt: skip
+        raise ValueError(
+            f"{files[0]}: cannot tell the format of its records (fields: {fields}); use the records "
+            f"of `longspark regenerate`, '{self.text_field}' JSONL, or `format:`."
+        )
 
 
 def data_sources(value: str | dict | list) -> list[DataSource]:
@@ -171,8 +173,10 @@ def _record_text(record: Any, text_field: str, tokenizer, where: str) -> str:
         return record[text_field]
     if isinstance(record, dict) and isinstance(record.get("messages"), list):
         return tokenizer.apply_chat_template(record["messages"], tokenize=False)
-    raise ValueError(f"{where} has no string field '{text_field}' and no 'messages' chat; fix the record or set "
-                     f"`text_field:` in the data source.")  # fmt: skip
+    raise ValueError(
+        f"{where} has no string field '{text_field}' and no 'messages' chat; fix the record or set "
+        f"`text_field:` in the data source."
+    )
 
 
 def _tokenized(texts: Iterable[str], tokenizer, max_tokens: int | None, batch: int = 64) -> Iterator[list[int]]:
@@ -206,8 +210,9 @@ class DataMixture:
         return [sequence for sequences in self.sequences for sequence in sequences]
 
     def micro_batches(self, batch: int, seed: int, process: int = 0, num_processes: int = 1) -> Iterator[list]:
-        streams = [self._source_stream(i, batch, seed + 7919 * i, process, num_processes)
-                   for i in range(len(self.sources))]  # fmt: skip
+        streams = [
+            self._source_stream(i, batch, seed + 7919 * i, process, num_processes) for i in range(len(self.sources))
+        ]
         weights = torch.tensor([source.weight for source in self.sources], dtype=torch.float64)
         chooser = torch.Generator().manual_seed(seed)
         while True:
@@ -223,12 +228,22 @@ class DataMixture:
             order = torch.randperm(len(sequences), generator=torch.Generator().manual_seed(seed + epoch))
             order = order[process::num_processes].tolist()
             if len(order) < batch:
-                raise ValueError(f"Data source {source.path} has too few sequences ({len(sequences)}) for "
-                                 f"{batch} per micro-batch on {num_processes} processes.")  # fmt: skip
+                raise ValueError(
+                    f"Data source {source.path} has too few sequences ({len(sequences)}) for "
+                    f"{batch} per micro-batch on {num_processes} processes."
+                )
             for start in range(0, len(order) - batch + 1, batch):
                 yield [sequences[i] for i in order[start : start + batch]]
             epoch += 1
 
 
-__all__ = ["FORMATS", "HELD_OUT_PERCENT", "DataMixture", "DataSource", "data_sources", "is_held_out", "load_source",
-           "pack_documents"]
+__all__ = [
+    "FORMATS",
+    "HELD_OUT_PERCENT",
+    "DataMixture",
+    "DataSource",
+    "data_sources",
+    "is_held_out",
+    "load_source",
+    "pack_documents",
+]

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..configuration_longspark import LongSparkConfig
-from ..context_state import DraftContext, prefix_summaries
+from ..context_state import DraftContext, boundary_states, prefix_columns, prefix_summaries, window_views
 from ..modeling_longspark import LongSparkDrafterModel
 from ..targets import HiddenStateCapture, TargetModules, target_modules
 from .data import Sequence
@@ -95,19 +95,14 @@ def teacher_forced_batch(
             log_p = log_p[:, drafter.draft_vocab.to(log_p.device)]
         target_probs = log_p.exp()[inverse]
 
-    boundary = torch.cat([h[0, anchors - 1] for h in hidden], dim=-1)
+    # The same context views as inference reads (context_state.py), for every anchor's prefix `ids[:t]` at once.
+    boundary = boundary_states(hidden, anchors - 1)
     window_keys, window_values, window_mask = [], [], None
-    use_window = config.use_recent_window or config.full_prefix_context
-    if use_window:
-        width = int(anchors.max()) if config.full_prefix_context else config.window_size
-        rows = anchors[:, None] - width + torch.arange(width, device=ids.device)  # (A, width), right-aligned
-        window_mask = rows >= 0
-        rows = rows.clamp(min=0)
-        for keys, values in kv:
-            window_keys.append(keys[0][:, rows].transpose(0, 1))  # (A, kv_heads, width, d)
-            window_values.append(values[0][:, rows].transpose(0, 1))
+    if config.reads_window:
+        columns = prefix_columns(anchors, num_rows)
+        window_keys, window_values, window_mask = window_views(kv, columns, config.window_width(int(anchors.max())))
     summary_values = []
-    if config.use_global_summary and not config.full_prefix_context:
+    if config.reads_summary:
         for j, (keys, values) in enumerate(kv):
             summary_values.append(prefix_summaries(drafter.summary_queries[j], keys, values, anchors))
     context = DraftContext(boundary, window_keys, window_values, window_mask, summary_values, anchors)

@@ -103,8 +103,10 @@ def _read_records(name: str, dataset_split: str | None) -> Iterable[Mapping[str,
     path = Path(name)
     hub_id = "/" in name and looks_like_hub_id(name) and path.suffix not in (".jsonl", ".json", ".csv", ".parquet")
     if not path.exists() and not hub_id:
-        raise FileNotFoundError(f"Prompt source {name} is not a builtin ({', '.join(BUILTIN_SOURCES)}) and no such "
-                                "file exists; pass a builtin, a JSONL/JSON file, a local dataset or a Hub id org/name.")
+        raise FileNotFoundError(
+            f"Prompt source {name} is not a builtin ({', '.join(BUILTIN_SOURCES)}) and no such "
+            "file exists; pass a builtin, a JSONL/JSON file, a local dataset or a Hub id org/name."
+        )
     if path.suffix == ".jsonl" and path.is_file():
         return read_jsonl(path, "Prompt file")
     if path.suffix == ".json" and path.is_file():
@@ -125,9 +127,7 @@ def _read_records(name: str, dataset_split: str | None) -> Iterable[Mapping[str,
     return loaded[dataset_split]
 
 
-def split_prompts(
-    records: Sequence[Prompt], held_out: int | float, seed: int = 0
-) -> tuple[list[Prompt], list[Prompt]]:
+def split_prompts(records: Sequence[Prompt], held_out: int | float, seed: int = 0) -> tuple[list[Prompt], list[Prompt]]:
     """Deterministically splits ``records`` into ``(train, held_out)``, both in their original order.
 
     ``held_out`` is a count (int) or a fraction in ``[0, 1)`` (float) of the records.

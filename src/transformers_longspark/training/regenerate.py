@@ -293,8 +293,10 @@ def run_regenerate(args: argparse.Namespace) -> None:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model, tokenizer = load_target(args.target, getattr(torch, args.dtype), device)
     if tokenizer is None:
-        raise ValueError(f"{args.target} has no tokenizer; regeneration needs the target's tokenizer and chat "
-                         "template. Save the tokenizer into the target folder.")  # fmt: skip
+        raise ValueError(
+            f"{args.target} has no tokenizer; regeneration needs the target's tokenizer and chat "
+            "template. Save the tokenizer into the target folder."
+        )
     settings = {
         "max_new_tokens": args.max_new_tokens,
         "batch_size": args.batch_size,

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from ..configuration_longspark import LongSparkConfig
 from ..files import check_fields, looks_like_hub_id, read_yaml, require_path
+from ..inference.stats import tau
 from ..loading import load_target
 from ..modeling_longspark import LongSparkDrafterModel
 from ..targets import check_target_compatible
@@ -121,11 +122,13 @@ def build_drafter(config: TrainingConfig, target, sequences: list[Sequence]) -> 
     current = drafter.config.draft_vocab_size
     if size is not None and size != current:
         if current is not None and size < current:
-            raise ValueError(f"init_drafter has a draft vocabulary of {current} tokens, more than the {size} the "
-                             f"config asks for; it can only grow. Remove `draft_vocab_size` to keep it.")  # fmt: skip
+            raise ValueError(
+                f"init_drafter has a draft vocabulary of {current} tokens, more than the {size} the "
+                f"config asks for; it can only grow. Remove `draft_vocab_size` to keep it."
+            )
         # A new vocabulary, or a grown one: the drafter's tokens stay, the most frequent others of the data join.
         eos = target.generation_config.eos_token_id if target.generation_config is not None else None
-        always = ([] if eos is None else [eos] if isinstance(eos, int) else list(eos))
+        always = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
         always += drafter.draft_vocab.tolist() if current is not None else []
         drafter = drafter.with_draft_vocab(most_frequent_tokens(sequences, size, drafter.config.vocab_size, always))
     check_target_compatible(drafter.config, target)
@@ -153,8 +156,9 @@ class Trainer:
         precision = config.mixed_precision
         if precision == "auto":
             precision = "bf16" if torch.cuda.is_available() else "no"
-        self.accelerator = Accelerator(gradient_accumulation_steps=config.gradient_accumulation_steps,
-                                       mixed_precision=precision)  # fmt: skip
+        self.accelerator = Accelerator(
+            gradient_accumulation_steps=config.gradient_accumulation_steps, mixed_precision=precision
+        )
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         set_seed(config.seed)
@@ -170,8 +174,9 @@ class Trainer:
             per_source = DataMixture(data_sources(config.eval_data), tokenizer, config.max_seq_len).sequences
             self.eval_sequences = interleave(*per_source)[: config.eval_sequences]
         drafter = build_drafter(config, target, self.train_sequences)
-        optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.learning_rate,
-                                      weight_decay=config.weight_decay, betas=(0.9, 0.95))  # fmt: skip
+        optimizer = torch.optim.AdamW(
+            drafter.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay, betas=(0.9, 0.95)
+        )
         self.total_steps = self._total_steps()
         # accelerate steps a prepared scheduler once per process per optimizer step.
         scheduler = cosine_schedule(optimizer, self.total_steps * self.accelerator.num_processes, config.warmup_ratio)
@@ -207,8 +212,9 @@ class Trainer:
     def _micro_batches(self):
         """This process's micro-batches, endless and deterministic; resumption is exact when the data is unchanged."""
         c, accelerator = self.config, self.accelerator
-        return self.train_data.micro_batches(c.sequences_per_step, c.seed, accelerator.process_index,
-                                             accelerator.num_processes)  # fmt: skip
+        return self.train_data.micro_batches(
+            c.sequences_per_step, c.seed, accelerator.process_index, accelerator.num_processes
+        )
 
     def train(self, resume: bool = False) -> Path:
         c = self.config
@@ -218,8 +224,13 @@ class Trainer:
         micro_batches = self._micro_batches()
         for _ in range(self.step * c.gradient_accumulation_steps):  # skip what the resumed run already consumed
             next(micro_batches)
-        progress = tqdm(total=self.total_steps, initial=self.step, disable=not self.accelerator.is_main_process,
-                        desc="train", dynamic_ncols=True)  # fmt: skip
+        progress = tqdm(
+            total=self.total_steps,
+            initial=self.step,
+            disable=not self.accelerator.is_main_process,
+            desc="train",
+            dynamic_ncols=True,
+        )
         self.drafter.train()
         while self.step < self.total_steps:
             started, losses, tokens = time.perf_counter(), [], 0
@@ -245,9 +256,14 @@ class Trainer:
             sequences_seen = (
                 self.step * c.gradient_accumulation_steps * c.sequences_per_step * self.accelerator.num_processes
             )
-            record = {"step": self.step, "sequences": sequences_seen, "tokens": self.tokens_seen,
-                      "loss": sum(losses) / len(losses), "lr": self.scheduler.get_last_lr()[0],
-                      "seconds": time.perf_counter() - started}  # fmt: skip
+            record = {
+                "step": self.step,
+                "sequences": sequences_seen,
+                "tokens": self.tokens_seen,
+                "loss": sum(losses) / len(losses),
+                "lr": self.scheduler.get_last_lr()[0],
+                "seconds": time.perf_counter() - started,
+            }
             record["target_tokens_per_s"] = tokens * self.accelerator.num_processes / record["seconds"]
             progress.set_postfix(loss=f"{record['loss']:.4f}")
             if self.step % c.eval_every == 0 or self.step == self.total_steps:
@@ -283,15 +299,16 @@ class Trainer:
         return results
 
     def measure_tau(self, sequences: list[Sequence]) -> float:
-        """Greedy `generate(assistant_model=drafter)` on the sequences' prompts: (new tokens - 1) / rounds."""
+        """Greedy `generate(assistant_model=drafter)` on the sequences' prompts: `stats.tau` over all of them."""
         new_tokens = rounds = 0
         for s in sequences:
             prompt = s.ids[None, : s.prompt_length].to(self.target.device)
-            out = self.target.generate(prompt, max_new_tokens=self.config.tau_new_tokens, do_sample=False,
-                                       assistant_model=self.model)  # fmt: skip
-            new_tokens += out.shape[1] - prompt.shape[1] - 1
+            out = self.target.generate(
+                prompt, max_new_tokens=self.config.tau_new_tokens, do_sample=False, assistant_model=self.model
+            )
+            new_tokens += out.shape[1] - prompt.shape[1]
             rounds += self.model.drafting_stats.rounds
-        return new_tokens / max(1, rounds)
+        return tau(new_tokens, rounds, len(sequences)) if rounds else 0.0
 
     def _log(self, record: dict) -> None:
         if not self.accelerator.is_main_process:

@@ -6,7 +6,7 @@ with the package's own drafter network and context-state math, reading the targe
 
 from .cpu_sampling import fix_cpu_expand
 from .paged_kv import SUPPORTED_LAYOUTS, PagedRequestRows, unpack_blocks
-from .proposer import DRAFT_LOG_ENV, DRAFTER_ENV, LongSparkProposer, ProposerStats
+from .proposer import DRAFT_LOG_ENV, DRAFTER_ENV, LongSparkProposer
 
 __all__ = [
     "DRAFTER_ENV",
@@ -14,7 +14,6 @@ __all__ = [
     "SUPPORTED_LAYOUTS",
     "LongSparkProposer",
     "PagedRequestRows",
-    "ProposerStats",
     "fix_cpu_expand",
     "unpack_blocks",
 ]

@@ -43,8 +43,10 @@ def unpack_blocks(blocks: torch.Tensor, layout: str) -> tuple[torch.Tensor, torc
     else:
         keys = keys.view(n, heads, head_dim, block_size).transpose(-1, -2)
         values = values.view(n, heads, block_size, head_dim)
-    return tuple(t.reshape(n, heads, block_size, head_dim).transpose(0, 1).reshape(heads, n * block_size, head_dim)
-                 for t in (keys, values))  # fmt: skip
+    return tuple(
+        t.reshape(n, heads, block_size, head_dim).transpose(0, 1).reshape(heads, n * block_size, head_dim)
+        for t in (keys, values)
+    )
 
 
 class PagedRequestRows:
@@ -83,8 +85,10 @@ class PagedRequestRows:
         start = self.num_rows - num_rows
         first, last = start // block_size, (self.num_rows - 1) // block_size
         if last >= len(self.block_ids):
-            raise ValueError(f"The block table holds {len(self.block_ids)} blocks of {block_size} rows; "
-                             f"row {self.num_rows - 1} is beyond it.")  # fmt: skip
+            raise ValueError(
+                f"The block table holds {len(self.block_ids)} blocks of {block_size} rows; "
+                f"row {self.num_rows - 1} is beyond it."
+            )
         keys, values = unpack_blocks(kv_cache[self.block_ids[first : last + 1]], layout)
         offset = start - first * block_size
         rows = slice(offset, offset + num_rows)

@@ -35,22 +35,17 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..context_state import DraftContext, LongSparkContextState, stack_contexts
-from ..inference.drafting import (
-    drafting_thresholds,
-    max_proposal_tokens,
-    new_lookup,
-    propose_blocks,
-    read_draft_context,
-)
+from ..context_state import DraftContext, LongSparkContextState, boundary_states, stack_contexts
+from ..inference.drafting import DraftRequests, DraftSettings
 from ..inference.lookup import SuffixIndex
+from ..inference.session import DraftSession
+from ..inference.stats import DraftingStats
 from ..modeling_longspark import LongSparkDrafterModel
 from ..targets import TargetModules, check_target_compatible, sliding_window_layers
 from .cpu_sampling import fix_cpu_expand
@@ -64,17 +59,6 @@ batch, cache rows, anchor, drafts, their source (`"drafter"` or `"lookup"`), and
 RUNNER_SEARCH_DEPTH = 8
 """How many frames above `load_model` are searched for the model runner (vLLM calls it from the runner's own
 `load_model`, one frame up; the rest leaves room for decorators and wrappers)."""
-
-
-@dataclass
-class ProposerStats:
-    """Counters of one proposer (one vLLM worker)."""
-
-    rounds: int = 0  # per request: one proposal each
-    lookup_rounds: int = 0  # of which the lookup source's continuation
-    drafted_tokens: int = 0
-    states_built: int = 0
-    seconds: float = 0.0
 
 
 class _Weight(nn.Module):
@@ -110,7 +94,9 @@ class LongSparkProposer:
         target = _ConfigOnly(self.hf_config, str(model_config.model))
         check_target_compatible(config, target, drafter_name=path)
         self.num_tokens = int(vllm_config.speculative_config.num_speculative_tokens)
-        longest = max_proposal_tokens(self.drafter)
+        # vLLM adds the EOS ids to every request's stop tokens; its one-hot verification takes argmax drafts.
+        self.settings = DraftSettings.from_drafter(self.drafter, eos_token_ids=eos_token_ids(model_config))
+        longest = self.settings.max_proposal_tokens
         if not 1 <= self.num_tokens <= longest:
             raise ValueError(
                 f"num_speculative_tokens={self.num_tokens}, but the LongSpark drafter at {path} proposes at most "
@@ -122,31 +108,29 @@ class LongSparkProposer:
         self.vllm_config = vllm_config
         self.layer_ids = list(config.target_layer_ids)
         _check_full_attention(self.hf_config, self.layer_ids)
-        self.eos_token_ids = eos_token_ids(model_config)
-        token_threshold, block_threshold = drafting_thresholds(self.drafter)
-        self.draft_kwargs = dict(
-            logits_processor=None,
-            do_sample=False,
-            confidence_threshold=token_threshold,
-            eos_token_ids=self.eos_token_ids,
-            block_confidence_threshold=block_threshold,
-        )
+        self.session: DraftSession | None = None  # built by `load_model`, with the target's modules
         self.states: dict[str, LongSparkContextState] = {}
         # With lookup on (`lookup_min_match`): each request's lookup index, kept, dropped and rebuilt with its state.
         self.lookups: dict[str, SuffixIndex] = {}
-        self.lookup_on = new_lookup(self.drafter) is not None
+        self.lookup_on = bool(self.settings.lookup_min_match)
         self.hidden_states: list[torch.Tensor | None] = [None] * len(self.layer_ids)
         self.runner = None
-        self.stats = ProposerStats()
+        self.states_built = 0
         self.draft_log = os.environ.get(DRAFT_LOG_ENV)
         fix_cpu_expand()  # else vLLM's CPU sampler verifies sampled drafts against garbage logits (cpu_sampling.py)
+
+    @property
+    def stats(self) -> DraftingStats:
+        """The drafting counters (`rounds` counts one proposal per request and step)."""
+        return self.session.stats
 
     def load_model(self, target_model: nn.Module) -> None:
         """Called by vLLM's model runner with the loaded target: finds that runner (`_find_runner`), binds the drafter
         to the target's embedding, final norm, LM head and rotary embedding, and hooks the selected decoder layers
         (each step's `hidden_states[slot]` is then `(num_tokens, hidden_size)`, the rows of the step's forward)."""
         self.runner = _find_runner(self)
-        self.drafter.bind_target(_target_modules(target_model, self.hf_config, self.dtype))
+        target = _target_modules(target_model, self.hf_config, self.dtype)
+        self.session = DraftSession(self.drafter, target, self.settings, capture=False)
         layers = target_model.model.layers
         for slot, layer_id in enumerate(self.layer_ids):
             layers[layer_id].register_forward_hook(self._capture_hook(slot))
@@ -170,7 +154,6 @@ class LongSparkProposer:
     ) -> list[list[int]]:
         """One block of drafts per request of the runner's batch, in batch order (`[]` for a request still in
         prefill); called after the step's tokens were sampled and booked (`num_tokens_no_spec` includes them)."""
-        start = time.perf_counter()
         if self.runner is None:
             raise RuntimeError("LongSparkProposer.propose was called before load_model bound it to vLLM's runner.")
         batch = self.runner.input_batch
@@ -204,22 +187,21 @@ class LongSparkProposer:
                 drafts[i] = blocks[r]
                 entry = dict(request_id=request_ids[i], batch_index=i, num_rows=lengths[r], anchor=anchors[r])
                 self._log(**entry, drafts=blocks[r], source="lookup" if from_lookup[r] else "drafter", built=built[r])
-        self.stats.seconds += time.perf_counter() - start
         return drafts
 
     def _context(self, request_id: str, rows: PagedRequestRows, boundary_row: int) -> tuple[DraftContext, bool]:
         """This round's context of one request whose cache holds `rows` (its boundary is row `boundary_row` of the
         step's forward), and whether its state was (re)built (its lookup index then starts empty)."""
-        config = self.drafter.config
         state = self.states.get(request_id)
         built = state is None or state.num_absorbed > rows.num_rows
         if built:
-            state = self.states[request_id] = LongSparkContextState(config.num_draft_layers, config.summary_chunk_size)
+            state = self.states[request_id] = self.session.new_state()
             if self.lookup_on:
-                self.lookups[request_id] = new_lookup(self.drafter)
-            self.stats.states_built += 1
-        state.boundary_states = torch.cat([h[boundary_row] for h in self.hidden_states])[None].to(self.dtype)
-        return read_draft_context(self.drafter, state, rows, rows.num_rows), built
+                self.lookups[request_id] = self.session.new_lookup()
+            self.states_built += 1
+        step_states = [h[None] for h in self.hidden_states]  # (1, num_tokens, hidden): the step's forward
+        state.boundary_states = boundary_states(step_states, torch.tensor([boundary_row])).to(self.dtype)
+        return self.session.read_context(state, rows, rows.num_rows), built
 
     def _propose(
         self, context: DraftContext, anchors: list[int], lookups: list[SuffixIndex] | None
@@ -231,15 +213,12 @@ class LongSparkProposer:
         the drafts, so `propose_blocks` adds nothing to it."""
         n = len(anchors)
         sequences = torch.tensor([[anchor] + [0] * self.num_tokens for anchor in anchors])
-        rows, ones = torch.arange(n), torch.ones(n, dtype=torch.long)
-        tokens, _, num_drafted, from_lookup = propose_blocks(
-            self.drafter, context, sequences, rows, ones, ones * self.num_tokens, lookups, self.draft_kwargs
-        )
-        blocks = [tokens[r, : int(num_drafted[r])].tolist() for r in range(n)]
-        self.stats.rounds += n
-        self.stats.lookup_rounds += int(from_lookup.sum())
-        self.stats.drafted_tokens += sum(map(len, blocks))
-        return blocks, from_lookup.tolist()
+        ones = torch.ones(n, dtype=torch.long)
+        requests = DraftRequests(sequences, rows=torch.arange(n), lengths=ones, room=ones * self.num_tokens)
+        proposal = self.session.propose(context, requests, lookups)
+        num_drafted = proposal.num_drafted.tolist()
+        blocks = [proposal.tokens[r, : num_drafted[r]].tolist() for r in range(n)]
+        return blocks, proposal.from_lookup.tolist()
 
     def _log(self, built: bool, **entry: Any) -> None:
         if self.draft_log:
@@ -398,4 +377,4 @@ def _target_modules(target_model: nn.Module, hf_config: Any, dtype: torch.dtype)
                          rotary_emb=rotary_emb, layers=decoder.layers)  # fmt: skip
 
 
-__all__ = ["DRAFTER_ENV", "DRAFT_LOG_ENV", "LongSparkProposer", "ProposerStats", "eos_token_ids", "step_row"]
+__all__ = ["DRAFTER_ENV", "DRAFT_LOG_ENV", "LongSparkProposer", "eos_token_ids", "step_row"]

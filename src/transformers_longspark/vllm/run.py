@@ -46,11 +46,13 @@ def speculative_config(method: str, num_tokens: int) -> dict[str, Any] | None:
     if method == "plain":
         return None
     if method == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": num_tokens, "prompt_lookup_max": 4,
-                "prompt_lookup_min": 2}  # fmt: skip
+        return {"method": "ngram", "num_speculative_tokens": num_tokens, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
     if method == "longspark":
-        return {"method": "custom_class", "model": "transformers_longspark.vllm.LongSparkProposer",
-                "num_speculative_tokens": num_tokens}  # fmt: skip
+        return {
+            "method": "custom_class",
+            "model": "transformers_longspark.vllm.LongSparkProposer",
+            "num_speculative_tokens": num_tokens,
+        }
     raise ValueError(f"Unknown method {method!r}; choose plain, longspark or ngram.")
 
 
@@ -71,10 +73,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         log = Path(tempfile.mkdtemp()) / "drafts.jsonl"
         os.environ[DRAFT_LOG_ENV] = str(log)
     engine_args = dict(
-        model=args.target, dtype=args.dtype, enforce_eager=True, seed=args.seed, max_model_len=args.max_model_len,
-        speculative_config=speculative_config(args.method, args.num_speculative_tokens), disable_log_stats=False,
-        max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory_bytes=args.kv_cache_bytes,
-    )  # fmt: skip
+        model=args.target,
+        dtype=args.dtype,
+        enforce_eager=True,
+        seed=args.seed,
+        max_model_len=args.max_model_len,
+        speculative_config=speculative_config(args.method, args.num_speculative_tokens),
+        disable_log_stats=False,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_cache_memory_bytes=args.kv_cache_bytes,
+    )
     fix_cpu_expand()  # for every method (`ngram` too); reaches the engine when it runs in this process
     start = time.perf_counter()
     llm = LLM(**{k: v for k, v in engine_args.items() if v is not None})
@@ -99,14 +107,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         after = spec_counters(llm)
         token_ids = [list(o.outputs[0].token_ids) for o in outputs]
         result["rounds"][name] = {
-            "token_ids": token_ids, "seconds": seconds, "new_tokens": sum(map(len, token_ids)),
-            "request_ids": [o.request_id for o in outputs], **{k: after[k] - before[k] for k in after},
-        }  # fmt: skip
+            "token_ids": token_ids,
+            "seconds": seconds,
+            "new_tokens": sum(map(len, token_ids)),
+            "request_ids": [o.request_id for o in outputs],
+            **{k: after[k] - before[k] for k in after},
+        }
         if args.logprobs:  # per request and position: the top (token, logprob) pairs, best first
             result["rounds"][name]["top_logprobs"] = [
-                [sorted(((t, lp.logprob) for t, lp in step.items()), key=lambda x: -x[1])[: args.logprobs]
-                 for step in o.outputs[0].logprobs] for o in outputs
-            ]  # fmt: skip
+                [
+                    sorted(((t, lp.logprob) for t, lp in step.items()), key=lambda x: -x[1])[: args.logprobs]
+                    for step in o.outputs[0].logprobs
+                ]
+                for o in outputs
+            ]
     if args.sampled_prompts:
         result["sampled"] = sample(llm, args)
     if args.method == "longspark" and log.exists():
@@ -161,9 +175,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sample-tokens", type=int, default=3, help="tokens per sampled request")
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--max-num-batched-tokens", type=int, help="prefill chunk budget per step")
-    parser.add_argument("--kv-cache-bytes", type=int, default=DEFAULT_KV_CACHE_BYTES,
-                        help="KV-cache size in bytes (default 1 GiB, instead of vLLM's 92%% of RAM; small values force "
-                        "preemption)")  # fmt: skip
+    parser.add_argument(
+        "--kv-cache-bytes",
+        type=int,
+        default=DEFAULT_KV_CACHE_BYTES,
+        help="KV-cache size in bytes (default 1 GiB, instead of vLLM's 92%% of RAM; small values force preemption)",
+    )
     args = parser.parse_args(argv)
     if args.method == "longspark" and not args.drafter:
         parser.error("--method longspark needs --drafter DIR")

@@ -1,0 +1,114 @@
+"""The drafting side of one speculative decoding call: `DraftSession`.
+
+transformers' batch-1 loop (`generation.py`), the batched loop (`batched.py`) and vLLM's proposer (`../vllm/`) are
+thin drivers of a session. Each knows where its target's cache rows, hidden states and tokens are; the session does
+the rest, the same way for all three: it binds the drafter to the target, captures the boundary states, reads each
+round's context views (`context_state.read_context`), proposes (`drafting.propose_blocks`: the lookup source or one
+drafter forward) and keeps the counters (`DraftingStats`, on `drafter.drafting_stats`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers import GenerationConfig, PreTrainedModel
+from transformers.generation.logits_process import LogitsProcessorList
+
+from ..context_state import DraftContext, LongSparkContextState, boundary_states, read_context
+from ..modeling_longspark import LongSparkDrafterModel
+from ..targets import HiddenStateCapture, TargetModules, check_sliding_window, check_target_compatible
+from .drafting import DraftRequests, DraftSettings, Proposal, propose_blocks
+from .lookup import SuffixIndex
+from .stats import DraftingStats
+
+
+class DraftSession:
+    """Drafts for the requests of one `generate` call (or one serving engine).
+
+    Args:
+        drafter: the drafter; bound here to `target`'s embedding, final norm, LM head and rotary embedding.
+        target: the target model, or a serving engine's `TargetModules`.
+        settings: what the proposals follow (`DraftSettings`).
+        capture: hook the selected target layers and keep their last `max_proposal_tokens + 1` positions
+            (`captured_boundary`); False when the driver reads the hidden states itself (vLLM).
+    """
+
+    def __init__(
+        self,
+        drafter: LongSparkDrafterModel,
+        target: PreTrainedModel | TargetModules,
+        settings: DraftSettings,
+        capture: bool = True,
+    ):
+        drafter.bind_target(target)
+        self.drafter, self.config, self.settings = drafter, drafter.config, settings
+        self.capture = None
+        if capture:
+            keep = settings.max_proposal_tokens + 1
+            self.capture = HiddenStateCapture(drafter.target.layers, self.config.target_layer_ids, keep=keep)
+        self.stats = drafter.drafting_stats = DraftingStats()
+
+    @classmethod
+    def for_generate(
+        cls,
+        target: PreTrainedModel,
+        drafter: LongSparkDrafterModel,
+        input_ids: torch.LongTensor,
+        generation_config: GenerationConfig,
+        logits_processor: LogitsProcessorList | None,
+    ) -> DraftSession:
+        """The session of `target.generate(input_ids, assistant_model=drafter, ...)`. Refuses, before any forward, a
+        drafter that does not match the target, and sliding-window layers that the prompt would overflow."""
+        check_target_compatible(drafter.config, target)
+        check_sliding_window(target, drafter.config.target_layer_ids, input_ids.shape[1])
+        return cls(drafter, target, DraftSettings.for_generate(drafter, generation_config, logits_processor))
+
+    def new_state(self) -> LongSparkContextState:
+        """An empty context state (no row absorbed yet) for one request or a batch of them."""
+        return LongSparkContextState(self.config.num_draft_layers, self.config.summary_chunk_size)
+
+    def new_lookup(self, offset: int = 0) -> SuffixIndex | None:
+        """An empty lookup index for one request whose tokens start at column `offset`; `None` with lookup off."""
+        return self.settings.new_lookup(offset)
+
+    def captured_boundary(self, positions: torch.LongTensor) -> torch.Tensor:
+        """`(n, D * hidden_size)`: the boundary states at `positions` `(n,)` of the last target forward, batch row
+        `r` for request `r` (positions index the kept positions: -1 is the last)."""
+        positions = positions.to(self.capture.states[0].device)
+        return boundary_states(self.capture.states, positions, torch.arange(len(positions), device=positions.device))
+
+    def read_context(
+        self,
+        state: LongSparkContextState,
+        cache,
+        num_columns: int,
+        column_mask: torch.BoolTensor | None = None,
+    ) -> DraftContext:
+        """This round's context views (`context_state.read_context`); `state.boundary_states` must be set."""
+        start = time.perf_counter()
+        context = read_context(self.config, self.drafter.summary_queries, state, cache, num_columns, column_mask)
+        self.stats.context_update_seconds += time.perf_counter() - start
+        self.stats.context_state_bytes = state.nbytes
+        return context
+
+    def propose(
+        self, context: DraftContext, requests: DraftRequests, lookups: list[SuffixIndex] | None = None
+    ) -> Proposal:
+        """This round's proposal for `requests` (`drafting.propose_blocks`), counted in `stats`."""
+        start = time.perf_counter()
+        proposal = propose_blocks(self.drafter, context, requests, self.settings, lookups)
+        self.stats.proposal_seconds += time.perf_counter() - start
+        self.stats.rounds += len(requests.rows)
+        self.stats.batch_rounds += 1
+        self.stats.drafted_tokens += int(proposal.num_drafted.sum())
+        self.stats.lookup_rounds += int(proposal.from_lookup.sum())
+        return proposal
+
+    def close(self) -> None:
+        """Removes the hidden-state hooks from the target (when decoding ends or fails)."""
+        if self.capture is not None:
+            self.capture.remove()
+
+
+__all__ = ["DraftSession"]
