@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from . import register
 from .configuration_longspark import LongSparkConfig
 from .files import DRAFTER_FOLDER_FIX, TARGET_FOLDER_FIX, require_folder
 from .modeling_longspark import LongSparkDrafterModel
@@ -116,6 +117,7 @@ def load_drafter(
 ) -> tuple[LongSparkDrafterModel, dict[str, Any]]:
     """The drafter at ``path``, else the shipped SmolLM2 drafter when it exists and fits ``target``, else a seeded
     RANDOM drafter (with a warning: lossless, but it speeds nothing up). Returns it with a short description."""
+    register()  # generate(assistant_model=drafter) routes to LongSpark
     if path is None and (SHIPPED_DRAFTER_DIR / "model.safetensors").exists():
         shipped = LongSparkConfig.from_pretrained(SHIPPED_DRAFTER_DIR)
         text_config = target.config.get_text_config()

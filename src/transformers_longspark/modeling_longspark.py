@@ -133,8 +133,8 @@ class LongSparkPreTrainedModel(PreTrainedModel):
 
 
 class LongSparkDrafterModel(LongSparkPreTrainedModel):
-    """The LongSpark drafter. Pass it as `assistant_model` to `target.generate`: building one (`from_pretrained`, or
-    the constructor) registers LongSpark with transformers (`transformers_longspark.register`).
+    """The LongSpark drafter. Pass it as `assistant_model` to `target.generate`, once LongSpark is registered with
+    transformers (`transformers_longspark.register()`, run by the first use of any name of the package).
 
     It owns only its own weights; the target's embedding, final norm, LM head and RoPE are bound at run time by
     `bind_target` (the generation hook and the trainer do this).
@@ -168,9 +168,6 @@ class LongSparkDrafterModel(LongSparkPreTrainedModel):
         # (for machines where each verified token costs a share of a step, e.g. a CPU). Saved with the weights.
         self.generation_config = GenerationConfig(assistant_confidence_threshold=DEFAULT_CONFIDENCE_THRESHOLD)
         self.post_init()
-        from . import register  # routes generate(assistant_model=self) however this module was imported
-
-        register()
 
     def bind_target(self, target: PreTrainedModel | TargetModules) -> None:
         """Uses `target`'s embedding, final norm, LM head and rotary embedding (frozen, not stored). A serving engine

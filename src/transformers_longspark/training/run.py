@@ -20,6 +20,7 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
+from .. import register
 from ..configuration_longspark import LongSparkConfig
 from ..files import check_fields, looks_like_hub_id, read_yaml, require_path
 from ..inference.stats import tau
@@ -152,6 +153,7 @@ class Trainer:
     """Owns one run: data order, optimisation, checkpoints (`output_dir/checkpoint-STEP`), evaluation and logs."""
 
     def __init__(self, config: TrainingConfig, target=None, tokenizer=None):
+        register()  # tau is measured with generate(assistant_model=drafter)
         self.config = config
         precision = config.mixed_precision
         if precision == "auto":
