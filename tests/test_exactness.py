@@ -19,6 +19,7 @@ from transformers_longspark.context_state import DraftContext
 from transformers_longspark.inference import drafting
 from transformers_longspark.inference.batched import speculative_sampling
 from transformers_longspark.inference.drafting import DraftRequests, DraftSettings, draft_tokens
+from transformers_longspark.inference.lookup import SuffixIndex
 
 VOCAB, ANCHOR, DRAWS = 4, 4, 200_000
 Q_FIRST = torch.tensor([0.5, 0.3, 0.15, 0.05])
@@ -179,6 +180,28 @@ def test_generate_law_with_lookup_proposals(lookup_setup):
     counts = first_three_counts(target, drafter, prompt)
     stats = drafter.drafting_stats
     assert 0.03 * stats.rounds < stats.lookup_rounds < stats.rounds  # rounds of both sources
+    assert chi_square_pvalue(counts, law) > 1e-3
+
+
+def test_generate_law_when_past_rounds_choose_the_source(lookup_setup, monkeypatch):
+    """Sampling takes the lookup continuation only while its past rounds keep up with the drafter's
+    (`SuffixIndex.lookup_keeps_up`). With each request's drafter mean seeded at 0.5, the source of a request's next
+    round depends on how many lookup drafts its last round accepted: the choice goes both ways, and the law is exact."""
+    target, drafter, prompt, law = lookup_setup
+    seed_index, keeps_up, decisions = SuffixIndex.__init__, SuffixIndex.lookup_keeps_up, []
+
+    def seeded(self, *args, **kwargs):
+        seed_index(self, *args, **kwargs)
+        self.accepted_mean["drafter"] = 0.5
+
+    def recorded(self):
+        decisions.append(keeps_up(self))
+        return decisions[-1]
+
+    monkeypatch.setattr(SuffixIndex, "__init__", seeded)
+    monkeypatch.setattr(SuffixIndex, "lookup_keeps_up", recorded)
+    counts = first_three_counts(target, drafter, prompt)
+    assert 1000 < decisions.count(False) < len(decisions) - 1000  # thousands of rounds switched by their past
     assert chi_square_pvalue(counts, law) > 1e-3
 
 

@@ -52,6 +52,18 @@ def test_point_mass_logits():
     assert logits.softmax(-1).tolist() == [[[0, 0, 1, 0], [1, 0, 0, 0]]]
 
 
+def test_lookup_keeps_up_while_its_rounds_accept_as_much_as_the_drafters():
+    index = SuffixIndex(2, 4)
+    assert index.lookup_keeps_up()  # nothing verified yet
+    index.record(from_lookup=True, accepted=0)
+    assert index.lookup_keeps_up()  # the drafter is untried
+    index.record(from_lookup=False, accepted=2)
+    assert not index.lookup_keeps_up()  # 0 < 2
+    for _ in range(6):
+        index.record(from_lookup=True, accepted=4)  # a mean, not the last round: it climbs back past 2
+    assert index.accepted_mean["lookup"] > 2 and index.lookup_keeps_up()
+
+
 def test_bad_ngram_range_is_refused():
     with pytest.raises(ValueError, match="min_ngram <= max_ngram"):
         SuffixIndex(3, 2)

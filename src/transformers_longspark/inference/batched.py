@@ -192,7 +192,7 @@ class BatchedSpeculativeDecoder:
             num_accepted, next_tokens = speculative_sampling(drafted, proposal.logits, target_logits, num_drafted)
         else:
             num_accepted, next_tokens = greedy_acceptance(drafted, target_logits, num_drafted)
-        self.stats.record_accepted(num_accepted.tolist())
+        self.session.record_accepted(num_accepted.tolist(), proposal.from_lookup.tolist(), self.lookups)
         steps = torch.arange(drafted.shape[1] + 1, device=drafted.device)
         self.column_mask = torch.cat([self.column_mask[:, : -len(steps)], steps <= num_accepted[:, None]], dim=1)
         self.positions = self.positions + num_accepted + 1

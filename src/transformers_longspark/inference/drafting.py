@@ -272,8 +272,9 @@ def propose_blocks(
 
     `lookups`: per request, its `SuffixIndex` (extended here with the request's tokens since the last round), or
     `None` with lookup off. A request takes its lookup continuation when the matched suffix has at least
-    `settings.lookup_min_match` tokens: up to `lookup_num_tokens` tokens at no drafter cost, proposed with the
-    point-mass law (one-hot logits), which is exactly how they were chosen.
+    `settings.lookup_min_match` tokens (and, when sampling, while the request's lookup rounds accept as many drafts
+    as its drafter rounds: `SuffixIndex.lookup_keeps_up`): up to `lookup_num_tokens` tokens at no drafter cost,
+    proposed with the point-mass law (one-hot logits), which is exactly how they were chosen.
     """
     sequences, rows, lengths = requests.sequences, requests.rows, requests.lengths
     n, device, vocab_size = len(rows), sequences.device, drafter.config.vocab_size
@@ -281,7 +282,9 @@ def propose_blocks(
     for r, index in enumerate(lookups or []):
         index.extend(sequences[rows[r], index.offset + len(index) : int(lengths[r])].tolist())
         continuation, matched = index.propose(min(settings.lookup_num_tokens, int(requests.room[r])))
-        if matched >= settings.lookup_min_match and continuation:
+        # Greedy: a match is the lookup's turn. Sampling: only while its past rounds keep up (`lookup.py`).
+        keeps_up = not settings.do_sample or index.lookup_keeps_up()
+        if matched >= settings.lookup_min_match and continuation and keeps_up:
             continuations[r] = continuation
     if not continuations:
         return draft_tokens(drafter, context, requests, settings)

@@ -68,6 +68,7 @@ class LongSparkCandidateGenerator(CandidateGenerator):
         self.max_length = generation_config.max_length
         self.boundary_from_prefill = True
         self.round_open = False  # a drafting round counted in `stats.rounds` awaits its verification
+        self.round_source: bool | None = None  # whether this round's proposal came from lookup (None: no proposal)
 
     @property
     def stats(self) -> DraftingStats:
@@ -75,9 +76,12 @@ class LongSparkCandidateGenerator(CandidateGenerator):
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, num_matches: int):
         """Called by transformers after each verification (the prefill's included) with the drafts accepted."""
-        if self.round_open:
+        if self.round_open and self.round_source is None:
             self.stats.record_accepted([int(num_matches)])
-        self.round_open = False
+        elif self.round_open:
+            lookups = None if self.lookup is None else [self.lookup]
+            self.session.record_accepted([int(num_matches)], [self.round_source], lookups)
+        self.round_open, self.round_source = False, None
 
     def close(self) -> None:
         """Removes the hidden-state hooks from the target (the generate hook calls it when decoding ends or fails)."""
@@ -129,6 +133,7 @@ class LongSparkCandidateGenerator(CandidateGenerator):
         sequences = torch.cat([input_ids, input_ids.new_zeros(1, num_tokens)], dim=1)  # room for the drafts
         requests = DraftRequests(sequences, rows, rows + input_ids.shape[1], rows + num_tokens)
         proposal = self.session.propose(context, requests, None if self.lookup is None else [self.lookup])
+        self.round_source = bool(proposal.from_lookup[0])
         k = int(proposal.num_drafted[0])
         return torch.cat([input_ids, proposal.tokens[:, :k]], dim=1), proposal.logits[:, :k]
 

@@ -105,6 +105,15 @@ class DraftSession:
         self.stats.lookup_rounds += int(proposal.from_lookup.sum())
         return proposal
 
+    def record_accepted(
+        self, accepted: list[int], from_lookup: list[bool], lookups: list[SuffixIndex] | None = None
+    ) -> None:
+        """Counts a verified round of each request (`accepted[r]` drafts kept of the proposal whose source was
+        `from_lookup[r]`), and tells each request's lookup index, which chooses the next sources from it."""
+        self.stats.record_accepted(accepted)
+        for index, count, lookup in zip(lookups or [], accepted, from_lookup):
+            index.record(lookup, count)
+
     def close(self) -> None:
         """Removes the hidden-state hooks from the target (when decoding ends or fails)."""
         if self.capture is not None:
