@@ -154,7 +154,7 @@ def write_step(proposer, runner, target, drafter, scheduled: list[Scheduled]):
         token_ids[i, :known], num_tokens_no_spec[i], num_computed[i] = s.request.tokens[:known], known, s.num_computed
         references.append(None if s.num_rows is None else transformers_drafts(drafter, s.request, cache, hidden, valid))
     # The forward's rows, padded as vLLM pads a step's tokens; set after the reference forwards (the hooks fire there).
-    proposer.hidden_states[:] = [torch.cat([*rows, torch.randn(3, rows[0].shape[-1], generator=noise)])
+    proposer.capture.states[:] = [torch.cat([*rows, torch.randn(3, rows[0].shape[-1], generator=noise)])
                                  for rows in step_hidden]  # fmt: skip
     runner.input_batch = SimpleNamespace(
         req_ids=[s.request.request_id for s in scheduled], num_computed_tokens_cpu=num_computed,

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -147,20 +149,30 @@ def read_cache_rows(cache: Cache, layer_id: int, num_rows: int) -> tuple[torch.T
 class HiddenStateCapture:
     """Forward hooks that record the outputs of selected target layers, keeping only the last `keep` positions.
 
-    `keep=None` keeps every position (training). Only forwards run by the thread that created the capture are
-    recorded: another thread may run the same target meanwhile (a plain `generate` in a server). The hooks are removed
-    by `remove()` or when the capture object is garbage-collected.
+    `keep=None` keeps every position (training, and a serving engine's step). `hidden_of` turns a layer's output into
+    its hidden state (default: the output, or its first element); a serving engine whose layers return
+    `(mlp_output, residual)` passes their sum. Only forwards run by the thread that created the capture are recorded
+    (another thread may run the same target meanwhile: a plain `generate` in a server), unless `any_thread`. The hooks
+    are removed by `remove()` or when the capture object is garbage-collected.
     """
 
-    def __init__(self, layers: nn.ModuleList, layer_ids: list[int], keep: int | None):
+    def __init__(
+        self,
+        layers: nn.ModuleList,
+        layer_ids: list[int],
+        keep: int | None,
+        hidden_of: Callable[[Any], torch.Tensor] | None = None,
+        any_thread: bool = False,
+    ):
         self.states: list[torch.Tensor | None] = [None] * len(layer_ids)
         buffer, handles, owner = self.states, [], threading.get_ident()
+        hidden_of = hidden_of or _first_output
         for slot, layer_id in enumerate(layer_ids):
 
             def hook(module, args, output, slot=slot):
-                if threading.get_ident() != owner:
+                if not any_thread and threading.get_ident() != owner:
                     return
-                hidden = output[0] if isinstance(output, tuple) else output
+                hidden = hidden_of(output)
                 # clone(): a slice would keep the whole (batch, seq, hidden) output of a long prefill alive.
                 buffer[slot] = (hidden if keep is None else hidden[:, -keep:].clone()).detach()
 
@@ -169,6 +181,10 @@ class HiddenStateCapture:
 
     def remove(self) -> None:
         self._finalizer()
+
+
+def _first_output(output: Any) -> torch.Tensor:
+    return output[0] if isinstance(output, tuple) else output
 
 
 def _remove_hooks(handles: list) -> None:

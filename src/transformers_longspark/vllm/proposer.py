@@ -47,7 +47,7 @@ from ..inference.lookup import SuffixIndex
 from ..inference.session import DraftSession
 from ..inference.stats import DraftingStats
 from ..modeling_longspark import LongSparkDrafterModel
-from ..targets import TargetModules, check_target_compatible, sliding_window_layers
+from ..targets import HiddenStateCapture, TargetModules, check_target_compatible, sliding_window_layers
 from .cpu_sampling import fix_cpu_expand
 from .paged_kv import PagedRequestRows
 
@@ -113,7 +113,6 @@ class LongSparkProposer:
         # With lookup on (`lookup_min_match`): each request's lookup index, kept, dropped and rebuilt with its state.
         self.lookups: dict[str, SuffixIndex] = {}
         self.lookup_on = bool(self.settings.lookup_min_match)
-        self.hidden_states: list[torch.Tensor | None] = [None] * len(self.layer_ids)
         self.runner = None
         self.states_built = 0
         self.draft_log = os.environ.get(DRAFT_LOG_ENV)
@@ -127,21 +126,12 @@ class LongSparkProposer:
     def load_model(self, target_model: nn.Module) -> None:
         """Called by vLLM's model runner with the loaded target: finds that runner (`_find_runner`), binds the drafter
         to the target's embedding, final norm, LM head and rotary embedding, and hooks the selected decoder layers
-        (each step's `hidden_states[slot]` is then `(num_tokens, hidden_size)`, the rows of the step's forward)."""
+        (each step's `capture.states[slot]` is then `(num_tokens, hidden_size)`, the rows of the step's forward)."""
         self.runner = _find_runner(self)
         target = _target_modules(target_model, self.hf_config, self.dtype)
         self.session = DraftSession(self.drafter, target, self.settings, capture=False)
         layers = target_model.model.layers
-        for slot, layer_id in enumerate(self.layer_ids):
-            layers[layer_id].register_forward_hook(self._capture_hook(slot))
-
-    def _capture_hook(self, slot: int):
-        def hook(module, args, output):
-            # vLLM's decoder layers return (mlp output, residual); the transformers hidden state is their sum. The
-            # sum is a new tensor: the next layer's fused add-norm overwrites both in place.
-            self.hidden_states[slot] = output[0] + output[1] if isinstance(output, tuple) else output.clone()
-
-        return hook
+        self.capture = HiddenStateCapture(layers, self.layer_ids, keep=None, hidden_of=_vllm_hidden, any_thread=True)
 
     @torch.inference_mode()
     def propose(
@@ -199,7 +189,7 @@ class LongSparkProposer:
             if self.lookup_on:
                 self.lookups[request_id] = self.session.new_lookup()
             self.states_built += 1
-        step_states = [h[None] for h in self.hidden_states]  # (1, num_tokens, hidden): the step's forward
+        step_states = [h[None] for h in self.capture.states]  # (1, num_tokens, hidden): the step's forward
         state.boundary_states = boundary_states(step_states, torch.tensor([boundary_row])).to(self.dtype)
         return self.session.read_context(state, rows, rows.num_rows), built
 
@@ -231,6 +221,12 @@ class LongSparkProposer:
         context = self.vllm_config.compilation_config.static_forward_context
         attention = {i: context[f"model.layers.{i}.self_attn.attn"] for i in self.layer_ids}
         return {i: (layer.kv_cache, getattr(layer, "isa", None)) for i, layer in attention.items()}
+
+
+def _vllm_hidden(output: Any) -> torch.Tensor:
+    """The transformers hidden state of a vLLM decoder layer's output: `mlp output + residual`. The sum is a new
+    tensor (the next layer's fused add-norm overwrites both in place), as is the clone of a plain output."""
+    return output[0] + output[1] if isinstance(output, tuple) else output.clone()
 
 
 @dataclass
