@@ -103,6 +103,10 @@ MUTATIONS = [
     Mutation("lookup continuation off by one", "inference/lookup.py",
              "index[tuple(tokens_list[end - n : end])] = end", "index[tuple(tokens_list[end - n : end])] = end - 1",
              LOOKUP),
+    Mutation("sampling takes every lookup match, whatever its past rounds", "inference/drafting.py",
+             "keeps_up = not settings.do_sample or index.lookup_keeps_up()", "keeps_up = True", LOOKUP),
+    Mutation("a source's running mean ignores the round it is told", "inference/lookup.py",
+             "else mean + ACCEPTED_MEAN_WEIGHT * (accepted - mean)", "else mean", LOOKUP),
     # The verification path and concurrency.
     Mutation("verification mask lets a block token see the next one", "inference/verification.py",
              "dtype=torch.bool, device=query.device).triu_(1)", "dtype=torch.bool, device=query.device).triu_(2)",
