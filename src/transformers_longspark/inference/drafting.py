@@ -202,8 +202,8 @@ def draft_tokens(
     `i > 1` whose confidence, the largest probability of its draft distribution `q_i`, is below
     `settings.token_threshold`, or at which the product of the block's probabilities so far (drawn tokens
     `q_1(y_1) ... q_{i-1}(y_{i-1})`, times `q_i`'s confidence: an estimate of the chance that the whole block is
-    accepted) falls below `settings.block_threshold`
-    (dynamic block length: each verified token costs a share of a target step, which unlikely tokens do not repay).
+    accepted) falls below `settings.block_threshold` (dynamic block length: each verified token costs a share of a
+    target step, which unlikely tokens do not repay).
 
     The cuts keep sampling exact: whether position `i` is proposed is decided from `q_i` and the tokens drawn before
     it, never from `y_i` itself, so a proposed `y_i` is distributed as `q_i`, the law handed to the verifier. (Cutting
