@@ -115,7 +115,7 @@ MUTATIONS = [
              "attention = grouped_verification_attention if _thread.depth else sdpa_attention_forward",
              "attention = grouped_verification_attention", RELIABILITY),
     Mutation("capture hooks record other threads' forwards", "targets.py",
-             "if threading.get_ident() != owner:", "if threading.get_ident() == -1:", RELIABILITY),
+             "if not any_thread and threading.get_ident() != owner:", "if threading.get_ident() == -1:", RELIABILITY),
     # The network (training and inference alike: only golden logits see it).
     Mutation("boundary fusion without its norm", "modeling_longspark.py",
              "boundary = self.boundary_norm(self.fuse_boundary(boundary))",
