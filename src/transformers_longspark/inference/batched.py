@@ -17,9 +17,9 @@ sequence, the cache is compacted (each sequence's real columns gathered to the r
 the batch (and the cache) as soon as it ends (EOS or `max_length`); its output is padded with `pad_token_id` like plain
 `generate`'s.
 
-Per sequence, the drafter reads the batch-1 context (`drafting.read_draft_context`, given the column mask): the global
-summary absorbs only its real rows, its recent window is gathered from its own last `W` real rows, and its boundary
-state is the target's hidden states at its last accepted position.
+Per sequence, the drafter reads the batch-1 context (`context_state.read_context`, given the column mask): the
+global summary absorbs only its real rows, its recent window is gathered from its own last `W` real rows, and its
+boundary state is the target's hidden states at its last accepted position.
 """
 
 from __future__ import annotations
@@ -254,7 +254,7 @@ class BatchedSpeculativeDecoder:
 
     def compact_if_sparse(self) -> None:
         """Gathers each sequence's real cache columns to the right once the holes exceed `column_slack`. Runs right
-        after `read_draft_context`, so every column is already in the summaries."""
+        after `DraftSession.read_context`, so every column is already in the summaries."""
         longest = int(self.positions.max())
         if self.column_mask.shape[1] - longest <= column_slack(longest, self.block_size):
             return

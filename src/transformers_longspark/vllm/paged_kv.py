@@ -52,7 +52,7 @@ def unpack_blocks(blocks: torch.Tensor, layout: str) -> tuple[torch.Tensor, torc
 class PagedRequestRows:
     """The first `num_rows` K/V rows of one request in vLLM's paged cache, for the drafter's selected layers.
 
-    It stands in for a Hugging Face cache in `read_draft_context` (`last_rows` is what `read_cache_rows` calls), so
+    It stands in for a Hugging Face cache in `read_context` (`last_rows` is what `read_cache_rows` calls), so
     the summary and window math is the package's one copy whatever holds the rows.
 
     Args:
