@@ -76,11 +76,9 @@ class LongSparkCandidateGenerator(CandidateGenerator):
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, num_matches: int):
         """Called by transformers after each verification (the prefill's included) with the drafts accepted."""
-        if self.round_open and self.round_source is None:
-            self.stats.record_accepted([int(num_matches)])
-        elif self.round_open:
-            lookups = None if self.lookup is None else [self.lookup]
-            self.session.record_accepted([int(num_matches)], [self.round_source], lookups)
+        if self.round_open:  # a round without a proposal tells no source
+            lookups = None if self.lookup is None or self.round_source is None else [self.lookup]
+            self.session.record_accepted([int(num_matches)], [bool(self.round_source)], lookups)
         self.round_open, self.round_source = False, None
 
     def close(self) -> None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -94,7 +94,8 @@ class LongSparkProposer:
         target = _ConfigOnly(self.hf_config, str(model_config.model))
         check_target_compatible(config, target, drafter_name=path)
         self.num_tokens = int(vllm_config.speculative_config.num_speculative_tokens)
-        longest = DraftSettings.from_drafter(self.drafter).max_proposal_tokens
+        settings = DraftSettings.from_drafter(self.drafter)
+        longest = settings.max_proposal_tokens
         if not 1 <= self.num_tokens <= longest:
             raise ValueError(
                 f"num_speculative_tokens={self.num_tokens}, but the LongSpark drafter at {path} proposes at most "
@@ -107,8 +108,9 @@ class LongSparkProposer:
         self.layer_ids = list(config.target_layer_ids)
         _check_full_attention(self.hf_config, self.layer_ids)
         # vLLM adds the EOS ids to every request's stop tokens; its one-hot verification takes argmax drafts.
-        self.settings = DraftSettings.from_drafter(self.drafter, eos_token_ids=eos_token_ids(model_config))
+        self.settings = replace(settings, eos_token_ids=eos_token_ids(model_config))
         self.session: DraftSession | None = None  # built by `load_model`, with the target's modules
+        self.capture: HiddenStateCapture | None = None  # hooks on the selected decoder layers, set by `load_model`
         self.states: dict[str, LongSparkContextState] = {}
         # With lookup on (`lookup_min_match`): each request's lookup index, kept, dropped and rebuilt with its state.
         self.lookups: dict[str, SuffixIndex] = {}
