@@ -109,7 +109,10 @@ def compare(title: str, target, tokenizer, drafter, input_ids, max_new_tokens: i
         print("[the prompt ends with:]", *prompt_end, "[LongSpark continues:]", shorten(text, max_lines), sep="\n")
     print("-" * 80)
     print(f"identical to plain generate: {'yes' if torch.equal(plain, assisted) else 'NO'}")
-    print(f"accepted length tau: {tau:.2f}  ({new_tokens - 1} tokens after the first, {rounds} rounds)")
+    stats = drafter.drafting_stats
+    sources = (f"{stats.lookup_rounds} lookup, {rounds - stats.lookup_rounds - stats.plain_rounds} drafter, "
+               f"{stats.plain_rounds} plain steps where no source paid")  # fmt: skip
+    print(f"accepted length tau: {tau:.2f}  ({new_tokens - 1} tokens after the first, {rounds} rounds: {sources})")
     print(f"tokens/s: plain generate {plain_speed:.1f}, LongSpark {longspark_speed:.1f}  (speedup {speedup:.2f}x)")
     print(explain(speedup, tau, long_prefix))
     return speedup

@@ -33,6 +33,7 @@ GENERATION = ("tests/test_generation.py",)
 EXACTNESS = ("tests/test_exactness.py",)
 BATCHES = ("tests/test_batched.py", "tests/test_exactness.py")
 LOOKUP = ("tests/test_lookup.py", "tests/test_exactness.py")
+PLANNING = ("tests/test_planning.py", "tests/test_exactness.py")
 RELIABILITY = ("tests/test_reliability.py",)
 VERIFICATION = ("tests/test_verification.py",)
 NETWORK = ("tests/test_golden.py",)
@@ -55,7 +56,7 @@ class Mutation:
 MUTATIONS = [
     # What the drafter sees (each keeps generation lossless and only lowers tau).
     Mutation("boundary at the last verified position, not the last accepted one", "inference/generation.py",
-             "position = -1 if self.boundary_from_prefill else n_last_matches", "position = -1"),
+             "position = -1 if self.boundary_is_last_position else n_last_matches", "position = -1"),
     Mutation("training anchor token a = ids[t - 1]", "training/distillation.py",
              "block_ids[:, 0] = ids[anchors]", "block_ids[:, 0] = ids[anchors - 1]"),
     Mutation("training Markov predecessors ids[t + 1 + i]", "training/distillation.py",
@@ -98,15 +99,23 @@ MUTATIONS = [
              "logits[r, : len(ids)] = ids, point_mass_logits(ids, vocab_size)",
              "logits[r, : len(ids)] = ids, torch.zeros(len(ids), vocab_size)", LOOKUP),
     Mutation("lookup index one token behind (the anchor missing)", "inference/drafting.py",
-             "index.extend(sequences[rows[r], index.offset + len(index) : int(lengths[r])].tolist())",
-             "index.extend(sequences[rows[r], index.offset + len(index) : int(lengths[r]) - 1].tolist())", LOOKUP),
+             "index.extend(requests.sequences[row, index.offset + len(index) : length].tolist())",
+             "index.extend(requests.sequences[row, index.offset + len(index) : length - 1].tolist())", LOOKUP),
     Mutation("lookup continuation off by one", "inference/lookup.py",
              "index[tuple(tokens_list[end - n : end])] = end", "index[tuple(tokens_list[end - n : end])] = end - 1",
              LOOKUP),
-    Mutation("sampling takes every lookup match, whatever its past rounds", "inference/drafting.py",
-             "keeps_up = not settings.do_sample or index.lookup_keeps_up()", "keeps_up = True", LOOKUP),
-    Mutation("a source's running mean ignores the round it is told", "inference/lookup.py",
-             "else mean + ACCEPTED_MEAN_WEIGHT * (accepted - mean)", "else mean", LOOKUP),
+    # The source choice.
+    Mutation("every lookup match is taken, whatever its past rounds", "inference/planning.py",
+             "best = max(values, key=values.get)", "best = options[0] if options else Source.NONE", PLANNING),
+    Mutation("a source's running mean ignores the round it is told", "inference/planning.py",
+             "self.accepted += RUNNING_MEAN_WEIGHT * (accepted - self.accepted)", "self.accepted += 0.0", PLANNING),
+    Mutation("a passed-over source is never probed again", "inference/planning.py",
+             "if probe is None and record.passed_over >= record.probe_interval:", "if False:", PLANNING),
+    Mutation("the drafter's cost left out of its value", "inference/planning.py",
+             "cost += self.drafter_cost(length)", "cost += 0.0", PLANNING),
+    Mutation("the drafter's cost does not shrink as the target's step grows", "inference/planning.py",
+             "growth = 1.0 + length / self.step_doubling_length if self.step_doubling_length else 1.0",
+             "growth = 1.0", PLANNING),
     # The verification path and concurrency.
     Mutation("verification mask lets a block token see the next one", "inference/verification.py",
              "dtype=torch.bool, device=query.device).triu_(1)", "dtype=torch.bool, device=query.device).triu_(2)",

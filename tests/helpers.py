@@ -113,16 +113,17 @@ SAMPLING = dict(do_sample=True, temperature=0.9, top_k=4, repetition_penalty=1.2
 LAW_VOCAB, LAW_TOKENS = 6, 3  # the law is over the first LAW_TOKENS new tokens of a LAW_VOCAB-token target
 
 
-def exact_law(target, input_ids, attention_mask=None) -> torch.Tensor:
+def exact_law(target, input_ids, attention_mask=None, sampling: dict | None = None) -> torch.Tensor:
     """`(V, V, V)` probability of each 3-token continuation of one prompt (left-padded or not) under plain `generate`
-    with SAMPLING; its logits processors read the padded row, as they do in a batch."""
+    with `sampling` (default SAMPLING); its logits processors read the padded row, as they do in a batch."""
+    sampling = SAMPLING if sampling is None else sampling
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
 
     def next_law(ids):
         mask = torch.cat([attention_mask, torch.ones(1, ids.shape[1] - attention_mask.shape[1], dtype=torch.long)], 1)
         out = target.generate(ids, attention_mask=mask, max_new_tokens=1, output_scores=True,
-                              return_dict_in_generate=True, pad_token_id=0, **SAMPLING)  # fmt: skip
+                              return_dict_in_generate=True, pad_token_id=0, **sampling)  # fmt: skip
         return out.scores[0][0].softmax(-1).double()
 
     law = torch.zeros((LAW_VOCAB,) * LAW_TOKENS, dtype=torch.float64)
@@ -134,12 +135,14 @@ def exact_law(target, input_ids, attention_mask=None) -> torch.Tensor:
     return law
 
 
-def sampled_counts(target, drafter, prompt, draws: int = 2000) -> torch.Tensor:
-    """Counts of the first three new tokens of `draws` assisted samples of one prompt, one `generate` each."""
+def sampled_counts(target, drafter, prompt, draws: int = 2000, sampling: dict | None = None) -> torch.Tensor:
+    """Counts of the first three new tokens of `draws` assisted samples of one prompt, one `generate` each, with
+    `sampling` (default SAMPLING)."""
+    sampling = SAMPLING if sampling is None else sampling
     torch.manual_seed(1234)
     counts = torch.zeros(LAW_VOCAB**LAW_TOKENS, dtype=torch.float64)
     for _ in range(draws):
-        out = target.generate(prompt, max_new_tokens=LAW_TOKENS, assistant_model=drafter, **SAMPLING)
+        out = target.generate(prompt, max_new_tokens=LAW_TOKENS, assistant_model=drafter, **sampling)
         a, b, c = out[0, prompt.shape[1] :].tolist()
         counts[(a * LAW_VOCAB + b) * LAW_VOCAB + c] += 1
     return counts

@@ -240,9 +240,9 @@ def test_each_rows_context_equals_its_context_alone(monkeypatch):
         rounds.append({"context": context})
         return context
 
-    def spy_propose(session, context, requests, lookups=None):
+    def spy_propose(session, context, requests, plan):
         rounds[-1].update(sequences=requests.sequences[requests.rows].clone(), lengths=requests.lengths.clone())
-        return propose(session, context, requests, lookups)
+        return propose(session, context, requests, plan)
 
     monkeypatch.setattr(DraftSession, "read_context", spy_read)
     monkeypatch.setattr(DraftSession, "propose", spy_propose)

@@ -27,6 +27,7 @@ from transformers_longspark.benchmarks.report import (
     plot_verify_cost,
 )
 from transformers_longspark.benchmarks.verify_cost import reserved_copy
+from transformers_longspark.inference.generation import requests_after
 from transformers_longspark.inference.verification import ReservedDynamicLayer
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -229,9 +230,11 @@ def test_drafting_cost_generators_draft_whole_blocks_whatever_the_drafter_thresh
     gens = _generators(target, {"longspark": drafter, "full_prefix": full_prefix}, input_ids)
     cache = prefill(target, input_ids[:, :32])
     gen = gens["longspark"]
-    candidates, logits = gen.propose(input_ids, gen.update_context(cache, 32, 0), 4)
-    assert candidates.shape[1] == 33 + 4 and logits.shape[1] == 4
-    assert gen.lookup is None and gens["full_prefix"].lookup is None
+    requests = requests_after(input_ids, 4)
+    plan = gen.session.plan(requests, [gen.planner])
+    proposal = gen.session.propose(gen.update_context(cache, 32, 0), requests, plan)
+    assert proposal.tokens.shape[1] == 4 and int(proposal.num_drafted[0]) == 4  # whole blocks
+    assert gen.planner.lookup is None and gens["full_prefix"].planner.lookup is None
     for gen in gens.values():
         gen.close()
 

@@ -99,6 +99,27 @@ def test_sampling_matches_the_exact_target_law():
     assert chi_square_pvalue(counts, exact_law(target, prompt)) > 1e-3
 
 
+def test_score_only_processors_run_in_the_draft_vocabulary(monkeypatch):
+    """Temperature and the top-k / top-p cuts give the same law over the draft vocabulary as over the whole target
+    vocabulary, so drafts under them are drawn among the draft vocabulary's logits (no per-token target-vocabulary
+    pass): the proposals handed to the verifier carry the cuts, and the output law is exact."""
+    from transformers_longspark.inference import drafting
+
+    def no_target_vocab_pass(*args, **kwargs):
+        raise AssertionError("process_logits ran on target-vocabulary logits")
+
+    monkeypatch.setattr(drafting, "process_logits", no_target_vocab_pass)
+    sampling = dict(do_sample=True, temperature=0.8, top_k=3, top_p=0.95)
+    target = make_bigram_target("llama", vocab_size=6, seed=3, temperature=0.05)
+    drafter = make_oracle_drafter(target, strength=2.0, block_size=3, seed=5)
+    drafter = drafter.with_draft_vocab(torch.tensor([0, 2, 3, 4, 5]))
+    seen = spy_on_verifier(monkeypatch)
+    prompt = torch.tensor([[1, 4, 2, 5]])
+    counts = sampled_counts(target, drafter, prompt, sampling=sampling)
+    assert seen and all((torch.isfinite(logits).sum(-1) <= 3).all() for _, logits in seen)  # top-k 3 applied
+    assert chi_square_pvalue(counts, exact_law(target, prompt, sampling=sampling)) > 1e-3
+
+
 @pytest.mark.parametrize("token_ids, message", [([1, 2], "10 distinct"), ([1] * 10, "1 distinct"),
                                                 ([*range(9), 64], r"\[0, 64\)")])  # fmt: skip
 def test_bad_draft_vocabularies_are_refused(token_ids, message):

@@ -19,7 +19,7 @@ from transformers_longspark.context_state import DraftContext
 from transformers_longspark.inference import drafting
 from transformers_longspark.inference.batched import speculative_sampling
 from transformers_longspark.inference.drafting import DraftRequests, DraftSettings, draft_tokens
-from transformers_longspark.inference.lookup import SuffixIndex
+from transformers_longspark.inference.planning import RoundPlanner, Source, SourceRecord
 
 VOCAB, ANCHOR, DRAWS = 4, 4, 200_000
 Q_FIRST = torch.tensor([0.5, 0.3, 0.15, 0.05])
@@ -183,25 +183,48 @@ def test_generate_law_with_lookup_proposals(lookup_setup):
     assert chi_square_pvalue(counts, law) > 1e-3
 
 
+def counted_choices(monkeypatch, drafter_accepted: float) -> list[Source]:
+    """Seeds every request's drafter record with `drafter_accepted` drafts accepted of 2 proposed per round, and
+    returns the list that collects each round's source choice (`RoundPlanner.choose`)."""
+    new_planner, choose, choices = DraftSettings.new_planner, RoundPlanner.choose, []
+
+    def seeded(self, offset=0):
+        planner = new_planner(self, offset)
+        planner.records[Source.DRAFTER] = SourceRecord(accepted=drafter_accepted, proposed=2.0)
+        return planner
+
+    def recorded(self, continuation, can_draft, length=0):
+        choices.append(choose(self, continuation, can_draft, length))
+        return choices[-1]
+
+    monkeypatch.setattr(DraftSettings, "new_planner", seeded)
+    monkeypatch.setattr(RoundPlanner, "choose", recorded)
+    return choices
+
+
 def test_generate_law_when_past_rounds_choose_the_source(lookup_setup, monkeypatch):
-    """Sampling takes the lookup continuation only while its past rounds keep up with the drafter's
-    (`SuffixIndex.lookup_keeps_up`). With each request's drafter mean seeded at 0.5, the source of a request's next
-    round depends on how many lookup drafts its last round accepted: the choice goes both ways, and the law is exact."""
+    """The source of a request's next round depends on how many drafts its past rounds accepted (`planning.py`).
+    With each request's drafter mean seeded at 0.5, the choice goes both ways in thousands of rounds, and the law is
+    exact."""
     target, drafter, prompt, law = lookup_setup
-    seed_index, keeps_up, decisions = SuffixIndex.__init__, SuffixIndex.lookup_keeps_up, []
-
-    def seeded(self, *args, **kwargs):
-        seed_index(self, *args, **kwargs)
-        self.accepted_mean["drafter"] = 0.5
-
-    def recorded(self):
-        decisions.append(keeps_up(self))
-        return decisions[-1]
-
-    monkeypatch.setattr(SuffixIndex, "__init__", seeded)
-    monkeypatch.setattr(SuffixIndex, "lookup_keeps_up", recorded)
+    choices = counted_choices(monkeypatch, drafter_accepted=0.5)
     counts = first_three_counts(target, drafter, prompt)
-    assert 1000 < decisions.count(False) < len(decisions) - 1000  # thousands of rounds switched by their past
+    assert choices.count(Source.LOOKUP) > 1000 and choices.count(Source.DRAFTER) > 1000
+    assert chi_square_pvalue(counts, law) > 1e-3
+
+
+def test_generate_law_when_the_cost_model_skips_rounds(lookup_setup, monkeypatch):
+    """With the cost model on, rounds whose sources do not repay their cost propose nothing (plain decoding steps),
+    and a passed-over source is probed again: thousands of rounds of each of the three sources, and the law is
+    exact."""
+    target, drafter, prompt, law = lookup_setup
+    monkeypatch.setattr(drafter.generation_config, "draft_round_cost", 0.2, raising=False)
+    monkeypatch.setattr(drafter.generation_config, "verify_token_cost", 0.2, raising=False)
+    # Seeded at (1 + 0.7) / (1 + 0.2 + 0.2 * 2) > 1, a drafter round that accepts nothing takes the drafter below 1.
+    choices = counted_choices(monkeypatch, drafter_accepted=0.7)
+    counts = first_three_counts(target, drafter, prompt)
+    assert all(choices.count(source) > 1000 for source in Source), {s: choices.count(s) for s in Source}
+    assert drafter.drafting_stats.plain_rounds == choices.count(Source.NONE)
     assert chi_square_pvalue(counts, law) > 1e-3
 
 

@@ -198,18 +198,23 @@ def test_ablations_generate_losslessly(ablation):
 def test_confidence_threshold_ends_blocks_early_and_stays_exact(target_kind, threshold, monkeypatch):
     """`assistant_confidence_threshold` drops every drafted token after the first whose draft probability is below
     it: 1.0 leaves one token per round, 0 whole blocks."""
-    from transformers_longspark.inference.generation import LongSparkCandidateGenerator
+    from transformers_longspark.inference.planning import Source
+    from transformers_longspark.inference.session import DraftSession
 
     rounds = []  # (tokens allowed, draft probabilities of the tokens proposed)
-    original = LongSparkCandidateGenerator.propose
+    original = DraftSession.propose
 
-    def spy(self, input_ids, context, num_tokens):
-        candidate_ids, logits = original(self, input_ids, context, num_tokens)
-        drafted = candidate_ids[0, input_ids.shape[1] :]
-        rounds.append((num_tokens, logits[0].softmax(-1)[torch.arange(len(drafted)), drafted]))
-        return candidate_ids, logits
+    def spy(self, context, requests, plan):
+        proposal = original(self, context, requests, plan)
+        if plan.sources[0] is not Source.DRAFTER:  # the last round has no room left
+            return proposal
+        k = int(proposal.num_drafted[0])
+        drafted, logits = proposal.tokens[0, :k], proposal.logits[0, :k]
+        allowed = min(int(requests.room[0]), self.config.block_size)
+        rounds.append((allowed, logits.softmax(-1)[torch.arange(k), drafted]))
+        return proposal
 
-    monkeypatch.setattr(LongSparkCandidateGenerator, "propose", spy)
+    monkeypatch.setattr(DraftSession, "propose", spy)
     target = make_bigram_target(target_kind, vocab_size=64, seed=2)
     drafter = make_oracle_drafter(target, strength=20.0, window_size=WINDOW, block_size=BLOCK)  # q of 0.2 to 0.9
     drafter.generation_config.assistant_confidence_threshold = threshold

@@ -52,18 +52,6 @@ def test_point_mass_logits():
     assert logits.softmax(-1).tolist() == [[[0, 0, 1, 0], [1, 0, 0, 0]]]
 
 
-def test_lookup_keeps_up_while_its_rounds_accept_as_much_as_the_drafters():
-    index = SuffixIndex(2, 4)
-    assert index.lookup_keeps_up()  # nothing verified yet
-    index.record(from_lookup=True, accepted=0)
-    assert index.lookup_keeps_up()  # the drafter is untried
-    index.record(from_lookup=False, accepted=2)
-    assert not index.lookup_keeps_up()  # 0 < 2
-    for _ in range(6):
-        index.record(from_lookup=True, accepted=4)  # a mean, not the last round: it climbs back past 2
-    assert index.accepted_mean["lookup"] > 2 and index.lookup_keeps_up()
-
-
 def test_bad_ngram_range_is_refused():
     with pytest.raises(ValueError, match="min_ngram <= max_ngram"):
         SuffixIndex(3, 2)
@@ -76,14 +64,17 @@ def test_generate_proposes_the_continuation_of_the_current_suffix(batch_size, mo
     from helpers import make_drafter, make_target
     from transformers_longspark.inference import drafting, session
 
-    checked = []
-    original = drafting.propose_blocks
+    checked, before = [], []
+    original_plan, original_propose = drafting.plan_round, drafting.propose_blocks
 
-    def spy(drafter, context, requests, settings, lookups=None):
+    def spy_plan(requests, settings, planners):
         rows, lengths = requests.rows.tolist(), requests.lengths.tolist()
-        before = [requests.sequences[row, lookup.offset : length].tolist() for row, lookup, length in
-                  zip(rows, lookups, lengths)]  # fmt: skip
-        proposal = original(drafter, context, requests, settings, lookups)
+        before[:] = [requests.sequences[row, p.lookup.offset : length].tolist() for row, p, length in
+                     zip(rows, planners, lengths)]  # fmt: skip
+        return original_plan(requests, settings, planners)
+
+    def spy(drafter, context, requests, settings, plan):
+        proposal = original_propose(drafter, context, requests, settings, plan)
         tokens, num_drafted = proposal.tokens, proposal.num_drafted
         for r in proposal.from_lookup.nonzero()[:, 0].tolist():
             n, start = brute_force_match(before[r], 2, drafting.LOOKUP_MAX_NGRAM)
@@ -93,6 +84,7 @@ def test_generate_proposes_the_continuation_of_the_current_suffix(batch_size, mo
             checked.append(r)
         return proposal
 
+    monkeypatch.setattr(session, "plan_round", spy_plan)
     monkeypatch.setattr(session, "propose_blocks", spy)
     target = make_target("qwen3")
     drafter = make_drafter(target)

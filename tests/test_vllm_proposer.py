@@ -22,7 +22,7 @@ import torch
 from helpers import make_drafter, make_target, pack_blocks
 from transformers_longspark.context_state import LongSparkContextState, boundary_states
 from transformers_longspark.inference.drafting import DraftRequests, DraftSettings
-from transformers_longspark.inference.lookup import SuffixIndex
+from transformers_longspark.inference.planning import RoundPlanner
 from transformers_longspark.inference.session import DraftSession
 from transformers_longspark.targets import HiddenStateCapture
 from transformers_longspark.vllm import DRAFT_LOG_ENV, DRAFTER_ENV, LongSparkProposer
@@ -60,14 +60,14 @@ class FakeRunner:
 
 @dataclass
 class Request:
-    """One request: its true tokens, its physical cache blocks, and the transformers path's state and lookup index
+    """One request: its true tokens, its physical cache blocks, and the transformers path's state and source choice
     (the reference)."""
 
     request_id: str
     tokens: list[int]
     block_ids: list[int]
     state: LongSparkContextState | None = field(default=None, repr=False)
-    lookup: SuffixIndex | None = field(default=None, repr=False)
+    planner: RoundPlanner | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -108,13 +108,13 @@ def transformers_drafts(drafter, request: Request, cache, hidden: list[torch.Ten
     (boundary at the last row), its lookup index reads the request's tokens up to the anchor from the sequence."""
     session = DraftSession(drafter, drafter.target, DraftSettings.from_drafter(drafter), capture=False)
     if request.state is None:
-        request.state, request.lookup = session.new_state(), session.new_lookup()
+        request.state, request.planner = session.new_state(), session.new_planner()
     request.state.boundary_states = boundary_states([h[None] for h in hidden], torch.tensor([num_rows - 1]))
     context = session.read_context(request.state, cache, num_rows)
     sequences = torch.tensor([request.tokens[: num_rows + 1] + [0] * NUM_SPECULATIVE])
     row = torch.zeros(1, dtype=torch.long)
     requests = DraftRequests(sequences, row, lengths=row + num_rows + 1, room=row + NUM_SPECULATIVE)
-    proposal = session.propose(context, requests, None if request.lookup is None else [request.lookup])
+    proposal = session.propose(context, requests, session.plan(requests, [request.planner]))
     return Reference(proposal.tokens[0, : int(proposal.num_drafted[0])].tolist(), bool(proposal.from_lookup[0]))
 
 
@@ -218,7 +218,8 @@ def run_steps(served, steps: list[list[Scheduled]]) -> list[Reference]:
         assert all(len(r) == NUM_SPECULATIVE for r in drafted) and len(set(drafted)) == len(drafted)
         sampled = {s.request.request_id for s in scheduled if s.num_rows is not None}
         assert set(served.proposer.states) == sampled
-        assert set(served.proposer.lookups) == (sampled if served.proposer.lookup_on else set())
+        assert set(served.proposer.planners) == sampled
+        assert all((p.lookup is not None) == served.proposer.lookup_on for p in served.proposer.planners.values())
         rounds += [r for r in references if r is not None]
     return rounds
 
@@ -250,7 +251,7 @@ def test_lookup_and_drafted_proposals_equal_the_transformers_path(tmp_path, monk
         [Scheduled(f, 0, 33, 33), Scheduled(e, 27, 5, 31), Scheduled(a, 26, 5, 27)],  # f back: rebuilt
     ])  # fmt: skip
     # e's rows go back (its state has absorbed more than its cache now holds): state and index are rebuilt; b is back.
-    e.state = e.lookup = None
+    e.state = e.planner = None
     rounds += run_steps(served, [[Scheduled(e, 20, 5, 24), Scheduled(b, 30, 5, 32)]])
     sources = [r.from_lookup for r in rounds]
     assert sources == [False, False, True, False, True, False, True, True, False, True, False]

@@ -18,6 +18,7 @@ METHODS = (
     "longspark",
     "longspark_no_lookup",
     "longspark_lookup",
+    "longspark_every_round",
     "longspark_whole_blocks",
     "longspark_stock_verify",
     "full_prefix",

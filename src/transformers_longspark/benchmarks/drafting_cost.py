@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
 from ..configuration_longspark import LongSparkConfig
-from ..inference.generation import LongSparkCandidateGenerator
+from ..inference.generation import LongSparkCandidateGenerator, requests_after
 from ..modeling_longspark import LongSparkDrafterModel
 from .common import generation_config_fields, machine_info, measure, prefill, timed_call
 from .defaults import DEFAULT_PREFIX_LENGTHS, DEFAULT_SYNTHETIC_PREFIX_LENGTHS
@@ -100,7 +100,7 @@ def _generators(target, drafters, input_ids, lookup: bool = False) -> dict[str, 
         for name, drafter in drafters.items()
     }
     for gen in gens.values():
-        gen.lookup = None
+        gen.planner.lookup = None
     if lookup:
         gens["longspark_lookup"] = LongSparkCandidateGenerator(
             target, drafters["longspark"], input_ids, generation_config, None
@@ -184,8 +184,10 @@ def _round_phases(prefix: _Prefix, name: str, gen: LongSparkCandidateGenerator) 
 
     def propose(context):
         if name == "longspark_lookup":
-            return gen.propose(prefix.lookup.next_ids(), context, gen.session.settings.max_proposal_tokens)
-        return gen.propose(prefix.input_ids, context, gen.session.config.block_size)
+            requests = requests_after(prefix.lookup.next_ids(), gen.session.settings.max_proposal_tokens)
+        else:
+            requests = requests_after(prefix.input_ids, gen.session.config.block_size)
+        return gen.session.propose(context, requests, gen.session.plan(requests, [gen.planner]))
 
     return update, propose
 

@@ -50,12 +50,12 @@ class LookupRounds:
 
     Indexes `history` (the request's tokens when the first round after the prefill runs: the index holds them all,
     `prefill_index_ms`, `index_bytes`); then each round's ids end `new_tokens` tokens further into `round_tokens`,
-    which that round's `propose_blocks` adds to the index before querying it, as after a verification.
+    which that round's `plan_round` adds to the index before querying it, as after a verification.
     """
 
     def __init__(self, gen: LongSparkCandidateGenerator, history: list[int], round_tokens: list[int], new_tokens: int):
-        seconds, _ = timed_call(gen.lookup.extend, history)
-        self.prefill_index_ms, self.index_bytes = 1000.0 * seconds, gen.lookup.nbytes
+        seconds, _ = timed_call(gen.planner.lookup.extend, history)
+        self.prefill_index_ms, self.index_bytes = 1000.0 * seconds, gen.planner.lookup.nbytes
         self.ids = torch.tensor([history + round_tokens], device=gen.session.drafter.device)
         self.length, self.new_tokens = len(history), new_tokens
 

@@ -58,15 +58,16 @@ def _best_plain_notes(rows) -> list[str]:
 
 def format_acceptance(report: Mapping[str, Any]) -> str:
     """Per-position acceptance of the drafter methods as a Markdown table: `P(drafts 1..i accepted)` over all rounds,
-    and the rounds that proposed the lookup continuation."""
+    the rounds that proposed the lookup continuation, and those that proposed nothing (plain steps)."""
     lines = [
-        "| workload | mode | method | rounds | lookup rounds | acceptance by position (1, 2, ...) |",
-        "|---|---|---|---:|---:|---|",
+        "| workload | mode | method | rounds | lookup rounds | plain rounds | acceptance by position (1, 2, ...) |",
+        "|---|---|---|---:|---:|---:|---|",
     ]
     for row in report["rows"]:
         if "acceptance_rates" in row:
             rates = " ".join(f"{rate:.2f}" for rate in row["acceptance_rates"]) or "-"
-            cells = [row["workload"], row["mode"], row["label"], str(row["rounds"]), str(row["lookup_rounds"]), rates]
+            counts = [str(row["rounds"]), str(row["lookup_rounds"]), str(row.get("plain_rounds", 0))]
+            cells = [row["workload"], row["mode"], row["label"], *counts, rates]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

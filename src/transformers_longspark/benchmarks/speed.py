@@ -15,9 +15,10 @@ inside `fast_verification` with a `DynamicCache` reserved for the prompt and the
 
 Before and after. `longspark` runs as users get it: the fast verification path and the drafter's own generation
 config (confidence thresholds, lookup source). `longspark_no_lookup` forces the lookup source off and
-`longspark_lookup` on (`lookup_min_match` / `lookup_num_tokens`). `longspark_whole_blocks` drafts whole blocks
-(thresholds 0), and `longspark_stock_verify` whole blocks on transformers' stock path (`sdpa` attention,
-concatenating cache): the path before both changes. `prompt_lookup_fast` runs stock prompt lookup inside
+`longspark_lookup` on (`lookup_min_match` / `lookup_num_tokens`). `longspark_every_round` turns the cost model of the
+source choice off (`inference/planning.py`: every round proposes, none is a plain step). `longspark_whole_blocks`
+drafts whole blocks (thresholds 0), and `longspark_stock_verify` whole blocks on transformers' stock path (`sdpa`
+attention, concatenating cache): the path before both changes. `prompt_lookup_fast` runs stock prompt lookup inside
 `fast_verification` with a reserved-rows cache, so that one run shows each method before and after.
 """
 
@@ -50,6 +51,7 @@ DRAFTER_METHODS: dict[str, dict[str, Any]] = {
     "longspark": {},
     "longspark_no_lookup": {"lookup_min_match": 0},
     "longspark_lookup": {},
+    "longspark_every_round": {"draft_round_cost": 0.0, "verify_token_cost": 0.0},
     "longspark_whole_blocks": WHOLE_BLOCKS,
     "longspark_stock_verify": {"fast_verification": False, **WHOLE_BLOCKS},
     "full_prefix": {},

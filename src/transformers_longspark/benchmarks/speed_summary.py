@@ -18,6 +18,7 @@ METHOD_LABELS = {
     "longspark": "LongSpark",
     "longspark_no_lookup": "LongSpark (lookup off)",
     "longspark_lookup": "LongSpark + lookup",
+    "longspark_every_round": "LongSpark (every round proposes)",
     "longspark_whole_blocks": "LongSpark (whole blocks)",
     "longspark_stock_verify": "LongSpark (stock verification, whole blocks)",
     "full_prefix": "full-prefix drafter",
@@ -60,6 +61,7 @@ def _drafting_fields(runs: Sequence[Mapping[str, Any]], rounds: int) -> dict[str
     proposal = sum(run.get("proposal_seconds", 0.0) for run in runs)
     update = sum(run.get("context_update_seconds", 0.0) for run in runs)
     lookup_rounds = sum(run.get("lookup_rounds", 0) for run in runs)
+    plain_rounds = sum(run.get("plain_rounds", 0) for run in runs)
     histogram = merge_histograms([run.get("accepted_histogram", []) for run in runs])
     return {
         "drafted_tokens": sum(run.get("drafted_tokens", 0) for run in runs),
@@ -69,6 +71,8 @@ def _drafting_fields(runs: Sequence[Mapping[str, Any]], rounds: int) -> dict[str
         "context_state_bytes": max(run.get("context_state_bytes", 0) for run in runs),
         "lookup_rounds": lookup_rounds,
         "lookup_round_share": lookup_rounds / rounds if rounds else None,
+        "plain_rounds": plain_rounds,
+        "plain_round_share": plain_rounds / rounds if rounds else None,
         "accepted_histogram": histogram,
         "acceptance_rates": DraftingStats(accepted_histogram=histogram).acceptance_rates(),
     }

@@ -42,7 +42,7 @@ from .batched_checks import (
     max_cache_columns,
 )
 from .drafting import DraftRequests, DraftSettings, process_logits
-from .lookup import SuffixIndex
+from .planning import RoundPlanner
 from .session import DraftSession
 
 # --- acceptance rules -------------------------------------------------------------------------------------------
@@ -136,7 +136,7 @@ class BatchedSpeculativeDecoder:
         self.sequences[:, :prompt_length] = input_ids
         self.lengths = torch.full((batch_size,), prompt_length, dtype=torch.long, device=input_ids.device)
         self.column_mask = self.positions = None
-        self.lookups: list[SuffixIndex] | None = None  # per row, with lookup on (set at prefill)
+        self.planners: list[RoundPlanner] = []  # per row: its source choice and lookup index (set at prefill)
         self.ended_lengths: dict[int, int] = {}
 
     @torch.no_grad()
@@ -173,8 +173,8 @@ class BatchedSpeculativeDecoder:
         sample = self.settings.do_sample
         first = torch.multinomial(probs, num_samples=1) if sample else probs.argmax(dim=-1, keepdim=True)
         self.column_mask, self.positions = mask, mask.sum(dim=1)
-        if self.settings.lookup_min_match:  # each row's tokens start after its left padding
-            self.lookups = [self.session.new_lookup(offset) for offset in (~mask).sum(dim=1).tolist()]
+        # each row's tokens start after its left padding
+        self.planners = [self.session.new_planner(offset) for offset in (~mask).sum(dim=1).tolist()]
         self.state.boundary_states = self.session.captured_boundary(torch.full_like(self.lengths, -1))
         self.commit(first, torch.ones_like(self.lengths))
 
@@ -184,7 +184,7 @@ class BatchedSpeculativeDecoder:
         self.compact_if_sparse()
         room = (self.max_length - self.lengths - 1).clamp(min=0, max=self.block_size)
         requests = DraftRequests(self.sequences, self.row_ids, self.lengths, room)
-        proposal = self.session.propose(context, requests, self.lookups)
+        proposal = self.session.propose(context, requests, self.session.plan(requests, self.planners))
         drafted, num_drafted = proposal.tokens, proposal.num_drafted
 
         target_logits = self.verify(drafted, num_drafted)
@@ -192,7 +192,7 @@ class BatchedSpeculativeDecoder:
             num_accepted, next_tokens = speculative_sampling(drafted, proposal.logits, target_logits, num_drafted)
         else:
             num_accepted, next_tokens = greedy_acceptance(drafted, target_logits, num_drafted)
-        self.session.record_accepted(num_accepted.tolist(), proposal.from_lookup.tolist(), self.lookups)
+        self.session.record_accepted(proposal, num_accepted.tolist(), self.planners)
         steps = torch.arange(drafted.shape[1] + 1, device=drafted.device)
         self.column_mask = torch.cat([self.column_mask[:, : -len(steps)], steps <= num_accepted[:, None]], dim=1)
         self.positions = self.positions + num_accepted + 1
@@ -249,8 +249,7 @@ class BatchedSpeculativeDecoder:
         if len(keep) > 0:
             self.cache.batch_select_indices(keep)
             self.state.select(keep)
-            if self.lookups is not None:
-                self.lookups = [self.lookups[row] for row in keep.tolist()]
+            self.planners = [self.planners[row] for row in keep.tolist()]
 
     def compact_if_sparse(self) -> None:
         """Gathers each sequence's real cache columns to the right once the holes exceed `column_slack`. Runs right

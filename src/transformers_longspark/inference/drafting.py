@@ -1,9 +1,10 @@
 """One drafting round for `n` requests: the proposal sources and the settings they follow.
 
-`propose_blocks` chooses per request between the lookup source's continuation (`lookup.py`) and a block drafted by
-one drafter forward (`draft_tokens`), which applies the Markov correction and `generate`'s logits processors token by
-token (`process_logits`) and the confidence cuts. `DraftSettings` holds what the cuts, the lookup source and the
-sampling read; `DraftRequests` the requests of one round. The drafting session (`session.py`) calls them each round.
+`plan_round` chooses each request's source (`planning.py`): the lookup source's continuation (`lookup.py`), a block
+drafted by one drafter forward (`draft_tokens`, which applies the Markov correction, `generate`'s logits processors
+token by token (`process_logits`) and the confidence cuts), or no proposal. `propose_blocks` proposes accordingly.
+`DraftSettings` holds what the cuts, the lookup source, the cost model and the sampling read; `DraftRequests` the
+requests of one round. The drafting session (`session.py`) calls them each round.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from transformers.generation.logits_process import (
 from ..context_state import DraftContext
 from ..modeling_longspark import LongSparkDrafterModel
 from .lookup import SuffixIndex, point_mass_logits
+from .planning import RoundCosts, RoundPlan, RoundPlanner, Source
 
 # The longest suffix the lookup source matches: longer matches are rarer and add little over this one.
 LOOKUP_MAX_NGRAM = 6
@@ -45,6 +47,10 @@ class DraftSettings:
             `assistant_confidence_threshold`, and LongSpark's `block_confidence_threshold`.
         lookup_min_match: shortest matched suffix that makes a request take the lookup continuation (0: lookup off).
         lookup_num_tokens: the most tokens of a lookup continuation.
+        draft_round_cost / verify_token_cost / step_doubling_length: the cost model of the source choice
+            (`planning.py`), in plain decoding steps of the target: one drafter round at a short prefix, each
+            proposed token's share of the verification, and the prefix length over which a target step's cost
+            doubles (costs 0: every round proposes, as on a GPU).
         eos_token_ids: `(k,)` ids that end a block, or `None`.
         logits_processor: `generate`'s processors, applied to every drafted position, or `None`.
     """
@@ -55,6 +61,9 @@ class DraftSettings:
     block_threshold: float = 0.0
     lookup_min_match: int = 0
     lookup_num_tokens: int = 0
+    draft_round_cost: float = 0.0
+    verify_token_cost: float = 0.0
+    step_doubling_length: int = 0
     eos_token_ids: torch.Tensor | None = None
     logits_processor: LogitsProcessorList | None = None
 
@@ -70,6 +79,9 @@ class DraftSettings:
             block_threshold=getattr(config, "block_confidence_threshold", 0.0) or 0.0,
             lookup_min_match=min_match,
             lookup_num_tokens=(getattr(config, "lookup_num_tokens", None) or block_size) if min_match else 0,
+            draft_round_cost=getattr(config, "draft_round_cost", 0.0) or 0.0,
+            verify_token_cost=getattr(config, "verify_token_cost", 0.0) or 0.0,
+            step_doubling_length=getattr(config, "step_doubling_length", 0) or 0,
             **call,
         )
 
@@ -93,11 +105,14 @@ class DraftSettings:
         """The most tokens one round proposes: the block size, or the lookup continuation's length if longer."""
         return max(self.block_size, self.lookup_num_tokens)
 
-    def new_lookup(self, offset: int = 0) -> SuffixIndex | None:
-        """An empty `SuffixIndex` for one request (its tokens start at column `offset`), or `None` with lookup off."""
-        if not self.lookup_min_match:
-            return None
-        return SuffixIndex(self.lookup_min_match, max(self.lookup_min_match, LOOKUP_MAX_NGRAM), offset)
+    def new_planner(self, offset: int = 0) -> RoundPlanner:
+        """The source choice of one request (its tokens start at column `offset`), with an empty `SuffixIndex` when
+        lookup is on."""
+        lookup = None
+        if self.lookup_min_match:
+            lookup = SuffixIndex(self.lookup_min_match, max(self.lookup_min_match, LOOKUP_MAX_NGRAM), offset)
+        costs = RoundCosts(self.draft_round_cost, self.verify_token_cost, self.step_doubling_length)
+        return RoundPlanner(costs, lookup)
 
 
 @dataclass
@@ -129,13 +144,19 @@ class Proposal:
         tokens: `(n, k)` proposed tokens; columns past `num_drafted[r]` are to be ignored.
         logits: `(n, k, vocab_size)` the processed logits each token was drawn from (one-hot for lookup tokens).
         num_drafted: `(n,)` tokens proposed per request.
-        from_lookup: `(n,)` which requests took the lookup continuation.
+        sources: per request, where its proposal came from (`Source.NONE`: no proposal).
     """
 
     tokens: torch.LongTensor
     logits: torch.Tensor
     num_drafted: torch.LongTensor
-    from_lookup: torch.BoolTensor
+    sources: list[Source]
+
+    @property
+    def from_lookup(self) -> torch.BoolTensor:
+        """`(n,)` which requests took the lookup continuation."""
+        flags = [source is Source.LOOKUP for source in self.sources]
+        return torch.tensor(flags, dtype=torch.bool, device=self.num_drafted.device)
 
 
 # Processors that read the scores alone, never the sequence: applied to all requests at once, whatever their lengths.
@@ -150,6 +171,12 @@ SCORE_ONLY_PROCESSORS = (
     InfNanRemoveLogitsProcessor,
     SuppressTokensLogitsProcessor,
 )
+
+
+# Score-only processors that give the same distribution over the tokens a draft vocabulary holds whether they see only
+# those tokens or the whole target vocabulary with the rest at -inf (temperature, the top-k / top-p / min-p cuts):
+# drafts under them are drawn among the draft vocabulary's own logits (`draft_tokens`).
+DRAFT_VOCAB_PROCESSORS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper)
 
 
 def process_logits(
@@ -210,7 +237,7 @@ def draft_tokens(
     on `q_i(y_i)` would propose `q_i` restricted to the tokens that pass, and bias the output.) In greedy decoding the
     drawn token is the argmax, so both rules cut at the same place.
 
-    Returns the drafted `Proposal` (`from_lookup` all False). The drafts are also written into `requests.sequences`.
+    Returns the drafted `Proposal` (source `Source.DRAFTER`). The drafts are also written into `requests.sequences`.
     """
     sequences, rows, lengths = requests.sequences, requests.rows, requests.lengths
     max_tokens = requests.room.clamp(max=drafter.config.block_size)
@@ -219,10 +246,11 @@ def draft_tokens(
     previous = sequences[rows, lengths - 1]
     masks = previous.new_full((len(rows), drafter.config.block_size - 1), drafter.config.mask_token_id)
     base_logits = drafter(torch.cat([previous[:, None], masks], dim=1), context).base_logits
-    # Without processors, tokens are chosen among the draft vocabulary's own logits: every other token is -inf in the
-    # target vocabulary, so the distribution is the same, at a fraction of the cost; target-vocabulary logits are
-    # built once at the end. Processors read target-vocabulary logits (and the sequence), so they get them per token.
-    in_draft_vocab = not logits_processor
+    # Without processors (or with `DRAFT_VOCAB_PROCESSORS` only), tokens are chosen among the draft vocabulary's own
+    # logits: every other token is -inf in the target vocabulary, so the distribution is the same, at a fraction of
+    # the cost; target-vocabulary logits are built once at the end. Other processors read target-vocabulary logits
+    # (and the sequence), so they get them per token.
+    in_draft_vocab = all(isinstance(processor, DRAFT_VOCAB_PROCESSORS) for processor in logits_processor or [])
     drafting = max_tokens > 0
     num_drafted = torch.zeros_like(lengths)
     drafted_ids, drafted_logits = [], []
@@ -234,6 +262,8 @@ def draft_tokens(
         logits = base_logits[:, i] + drafter.markov_correction(previous).float()
         if not in_draft_vocab:
             logits = process_logits(logits_processor, sequences, rows, lengths + i, drafter.to_target_vocab(logits))
+        elif logits_processor:  # score-only: the sequence is not read
+            logits = logits_processor(sequences[rows], logits)
         probs = torch.softmax(logits, dim=-1)
         if i > 0:  # decided before drawing y_i (see the docstring): the cut must not depend on the token it drops
             confidence = probs.max(dim=-1).values
@@ -250,74 +280,81 @@ def draft_tokens(
         if eos_token_ids is not None:
             drafting &= ~torch.isin(token, eos_token_ids.to(device))
         previous = token
-    from_lookup = torch.zeros_like(drafting)
+    sources = [Source.DRAFTER] * len(rows)
     if not drafted_ids:
         empty_logits = base_logits.new_zeros(len(rows), 0, drafter.config.vocab_size)
-        return Proposal(sequences.new_zeros(len(rows), 0), empty_logits, num_drafted, from_lookup)
+        return Proposal(sequences.new_zeros(len(rows), 0), empty_logits, num_drafted, sources)
     logits = torch.stack(drafted_logits, dim=1)
     logits = drafter.to_target_vocab(logits) if in_draft_vocab else logits
-    return Proposal(torch.stack(drafted_ids, dim=1), logits, num_drafted, from_lookup)
+    return Proposal(torch.stack(drafted_ids, dim=1), logits, num_drafted, sources)
+
+
+def plan_round(requests: DraftRequests, settings: DraftSettings, planners: list[RoundPlanner]) -> RoundPlan:
+    """Each request's source this round (`RoundPlanner.choose`): its lookup index is first extended with the
+    request's tokens since the last round, and its continuation is a candidate when the matched suffix has at least
+    `settings.lookup_min_match` tokens."""
+    sources, continuations = [], {}
+    for r, planner in enumerate(planners):
+        room, continuation, index = int(requests.room[r]), [], planner.lookup
+        if index is not None:
+            row, length = int(requests.rows[r]), int(requests.lengths[r])
+            index.extend(requests.sequences[row, index.offset + len(index) : length].tolist())
+            proposed, matched = index.propose(min(settings.lookup_num_tokens, room))
+            continuation = proposed if matched >= settings.lookup_min_match else []
+        source = planner.choose(continuation, can_draft=room > 0, length=int(requests.lengths[r]))
+        if source is Source.LOOKUP:
+            continuations[r] = continuation
+        sources.append(source)
+    return RoundPlan(sources, continuations)
 
 
 @torch.no_grad()
 def propose_blocks(
     drafter: LongSparkDrafterModel,
-    context: DraftContext,
+    context: DraftContext | None,
     requests: DraftRequests,
     settings: DraftSettings,
-    lookups: list[SuffixIndex] | None = None,
+    plan: RoundPlan,
 ) -> Proposal:
-    """This round's proposal for `n` requests: the lookup source's continuation where the request's suffix occurred
-    before (`lookup.py`), the drafter's block elsewhere (one forward for those requests, `draft_tokens`).
-
-    `lookups`: per request, its `SuffixIndex` (extended here with the request's tokens since the last round), or
-    `None` with lookup off. A request takes its lookup continuation when the matched suffix has at least
-    `settings.lookup_min_match` tokens (and, when sampling, while the request's lookup rounds accept as many drafts
-    as its drafter rounds: `SuffixIndex.lookup_keeps_up`): up to `lookup_num_tokens` tokens at no drafter cost,
-    proposed with the point-mass law (one-hot logits), which is exactly how they were chosen.
-    """
+    """This round's proposal for `n` requests, as `plan` chose: the lookup continuation (up to `lookup_num_tokens`
+    tokens at no drafter cost, proposed with the point-mass law, one-hot logits, which is exactly how they were
+    chosen), the drafter's block (one forward for those requests, `draft_tokens`; `context` may be `None` when none
+    of them drafts), or nothing."""
     sequences, rows, lengths = requests.sequences, requests.rows, requests.lengths
     n, device, vocab_size = len(rows), sequences.device, drafter.config.vocab_size
-    continuations: dict[int, list[int]] = {}
-    for r, index in enumerate(lookups or []):
-        index.extend(sequences[rows[r], index.offset + len(index) : int(lengths[r])].tolist())
-        continuation, matched = index.propose(min(settings.lookup_num_tokens, int(requests.room[r])))
-        # Greedy: a match is the lookup's turn. Sampling: only while its past rounds keep up (`lookup.py`).
-        keeps_up = not settings.do_sample or index.lookup_keeps_up()
-        if matched >= settings.lookup_min_match and continuation and keeps_up:
-            continuations[r] = continuation
-    if not continuations:
+    if plan.sources == [Source.DRAFTER] * n:
         return draft_tokens(drafter, context, requests, settings)
-    drafter_rows = torch.tensor([r for r in range(n) if r not in continuations], dtype=torch.long, device=device)
-    drafted = None
+    drafter_rows, drafted = plan.rows_from(Source.DRAFTER, device), None
     if len(drafter_rows):
         drafted = draft_tokens(drafter, context.select(drafter_rows), requests.select(drafter_rows), settings)
-    width = max([len(c) for c in continuations.values()] + [drafted.tokens.shape[1] if drafted else 0])
+    width = max([len(c) for c in plan.continuations.values()] + [drafted.tokens.shape[1] if drafted else 0])
     proposal = Proposal(
         tokens=sequences.new_zeros(n, width),
         logits=torch.zeros(n, width, vocab_size, device=device),
         num_drafted=lengths.new_zeros(n),
-        from_lookup=torch.zeros(n, dtype=torch.bool, device=device),
+        sources=list(plan.sources),
     )
     if drafted is not None:
         k = drafted.tokens.shape[1]
         proposal.tokens[drafter_rows, :k], proposal.logits[drafter_rows, :k] = drafted.tokens, drafted.logits
         proposal.num_drafted[drafter_rows] = drafted.num_drafted
-    for r, continuation in continuations.items():
+    for r, continuation in plan.continuations.items():
         ids = torch.tensor(continuation, device=device)
         proposal.tokens[r, : len(ids)], proposal.logits[r, : len(ids)] = ids, point_mass_logits(ids, vocab_size)
-        proposal.num_drafted[r], proposal.from_lookup[r] = len(ids), True
+        proposal.num_drafted[r] = len(ids)
         sequences[rows[r], lengths[r] : lengths[r] + len(ids)] = ids  # the logits processors read the drafts
     return proposal
 
 
 __all__ = [
+    "DRAFT_VOCAB_PROCESSORS",
     "LOOKUP_MAX_NGRAM",
     "SCORE_ONLY_PROCESSORS",
     "DraftRequests",
     "DraftSettings",
     "Proposal",
     "draft_tokens",
+    "plan_round",
     "process_logits",
     "propose_blocks",
 ]

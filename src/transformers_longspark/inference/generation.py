@@ -28,7 +28,7 @@ from transformers.generation.utils import GenerationMixin
 from ..context_state import DraftContext
 from ..modeling_longspark import LongSparkDrafterModel
 from ..targets import check_target_compatible
-from .drafting import DraftRequests, DraftSettings
+from .drafting import DraftRequests, DraftSettings, Proposal
 from .session import DraftSession
 from .stats import DraftingStats
 from .verification import fast_verification
@@ -38,10 +38,11 @@ class LongSparkCandidateGenerator(CandidateGenerator):
     """Proposes one block of up to `B` tokens per round from the target's fixed-size context: transformers' batch-1
     assisted loop driving a `DraftSession`.
 
-    Per round it takes the boundary states captured at the last accepted position, folds the target-cache rows
-    retained since the last round into the global summary and views the recent window (`DraftSession.read_context`),
-    then proposes: the lookup continuation, or one drafter forward over `[a, MASK, ...]` with the Markov correction
-    and the target's logits processors applied token by token (`DraftSession.propose`).
+    Per round it chooses the source (`DraftSession.plan`: the lookup continuation, the drafter, or no proposal, which
+    makes the round one plain decoding step). Where the drafter runs, it takes the boundary states captured at the
+    last accepted position, folds the target-cache rows retained since the last drafter round into the global summary
+    and views the recent window (`DraftSession.read_context`), then drafts one forward over `[a, MASK, ...]` with the
+    Markov correction and the target's logits processors applied token by token (`DraftSession.propose`).
     """
 
     requires_model_outputs = True
@@ -64,11 +65,12 @@ class LongSparkCandidateGenerator(CandidateGenerator):
             )
         self.session = DraftSession.for_generate(target, drafter, input_ids, generation_config, logits_processor)
         self.state = self.session.new_state()
-        self.lookup = self.session.new_lookup()
+        self.planner = self.session.new_planner()
         self.max_length = generation_config.max_length
-        self.boundary_from_prefill = True
-        self.round_open = False  # a drafting round counted in `stats.rounds` awaits its verification
-        self.round_source: bool | None = None  # whether this round's proposal came from lookup (None: no proposal)
+        self.proposal: Proposal | None = None  # this round's, until transformers reports its verification
+        # Whether the last target forward verified no drafts (the prefill, or a round without a proposal): the
+        # boundary is then that forward's last position, else its last accepted one.
+        self.boundary_is_last_position = True
 
     @property
     def stats(self) -> DraftingStats:
@@ -76,10 +78,10 @@ class LongSparkCandidateGenerator(CandidateGenerator):
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, num_matches: int):
         """Called by transformers after each verification (the prefill's included) with the drafts accepted."""
-        if self.round_open:  # a round without a proposal tells no source
-            lookups = None if self.lookup is None or self.round_source is None else [self.lookup]
-            self.session.record_accepted([int(num_matches)], [bool(self.round_source)], lookups)
-        self.round_open, self.round_source = False, None
+        if self.proposal is not None:
+            self.session.record_accepted(self.proposal, [int(num_matches)], [self.planner])
+        self.boundary_is_last_position = self.proposal is None or int(self.proposal.num_drafted[0]) == 0
+        self.proposal = None
 
     def close(self) -> None:
         """Removes the hidden-state hooks from the target (the generate hook calls it when decoding ends or fails)."""
@@ -98,42 +100,36 @@ class LongSparkCandidateGenerator(CandidateGenerator):
         # The target must prefill first: the drafter needs its cache and boundary states.
         if is_first_iteration:
             return input_ids, None
-        self.round_open = True
-        context = self.update_context(model_kwargs["cache"], input_ids.shape[1] - 1, n_last_matches)
-        num_tokens = min(self.session.settings.max_proposal_tokens, self.max_length - input_ids.shape[1] - 1)
-        if num_tokens <= 0:  # the verification forward still runs: a round without drafts
-            self.stats.rounds += 1
-            self.stats.batch_rounds += 1
+        room = max(0, min(self.session.settings.max_proposal_tokens, self.max_length - input_ids.shape[1] - 1))
+        requests = requests_after(input_ids, room)
+        plan = self.session.plan(requests, [self.planner])
+        context = None
+        if plan.drafts:
+            context = self.update_context(model_kwargs["cache"], input_ids.shape[1] - 1, n_last_matches)
+        self.proposal = self.session.propose(context, requests, plan)
+        k = int(self.proposal.num_drafted[0])
+        if k == 0:  # the verification forward still runs: one plain decoding step
             return input_ids, None
-        return self.propose(input_ids, context, num_tokens)
+        return torch.cat([input_ids, self.proposal.tokens[:, :k]], dim=1), self.proposal.logits[:, :k]
 
     @torch.no_grad()
     def update_context(self, cache, num_cached: int, n_last_matches: int) -> DraftContext:
         """Absorbs new cache rows into the summary and gathers this round's three context views.
 
-        `num_cached` is the target cache length `t`; `n_last_matches` indexes the boundary position in the last
-        verification forward (the prefill's last position on the first round)."""
+        `num_cached` is the target cache length `t`; `n_last_matches` indexes the boundary position, the last
+        accepted one, in the last target forward that verified drafts."""
         if cache.get_seq_length() != num_cached:
             raise RuntimeError(f"Target cache holds {cache.get_seq_length()} rows, expected {num_cached}.")
-        # After prefill the boundary is the last prompt position; after a round it is the last accepted token.
-        position = -1 if self.boundary_from_prefill else n_last_matches
-        self.boundary_from_prefill = False
+        position = -1 if self.boundary_is_last_position else n_last_matches
         self.state.boundary_states = self.session.captured_boundary(torch.tensor([position]))
         return self.session.read_context(self.state, cache, num_cached)
 
-    @torch.no_grad()
-    def propose(
-        self, input_ids: torch.LongTensor, context: DraftContext, num_tokens: int
-    ) -> tuple[torch.LongTensor, torch.Tensor]:
-        """Proposes at most `num_tokens` tokens (the lookup continuation, or a drafted block); returns them appended
-        to `input_ids` and their `(1, k, V)` logits."""
-        rows = torch.zeros(1, dtype=torch.long, device=input_ids.device)
-        sequences = torch.cat([input_ids, input_ids.new_zeros(1, num_tokens)], dim=1)  # room for the drafts
-        requests = DraftRequests(sequences, rows, rows + input_ids.shape[1], rows + num_tokens)
-        proposal = self.session.propose(context, requests, None if self.lookup is None else [self.lookup])
-        self.round_source = bool(proposal.from_lookup[0])
-        k = int(proposal.num_drafted[0])
-        return torch.cat([input_ids, proposal.tokens[:, :k]], dim=1), proposal.logits[:, :k]
+
+def requests_after(input_ids: torch.LongTensor, room: int) -> DraftRequests:
+    """The one request of a batch-1 round: the tokens `input_ids` `(1, t)`, with room for `room` drafts after them."""
+    rows = torch.zeros(1, dtype=torch.long, device=input_ids.device)
+    sequences = torch.cat([input_ids, input_ids.new_zeros(1, room)], dim=1)
+    return DraftRequests(sequences, rows, rows + input_ids.shape[1], rows + room)
 
 
 class _OpenGenerators(threading.local):
@@ -243,4 +239,5 @@ __all__ = [
     "check_dynamic_cache",
     "check_generation_settings",
     "install_generation_hook",
+    "requests_after",
 ]

@@ -15,10 +15,8 @@ most recent occurrence, updated with only the tokens committed since the last ro
 A proposal from lookup is deterministic, so its proposal law is a point mass: the verifier gets one-hot draft logits
 (`point_mass_logits`), and speculative sampling stays exact.
 
-Under sampling a copied token is accepted with its target probability only, so a match is not enough: each index also
-keeps the running mean of the drafts accepted per verified round by each source of its request (`record`), and sampled
-decoding takes the lookup continuation only while its rounds keep up with the drafter's (`lookup_keeps_up`). The
-choice reads past verifications only, never this round's draws, so the law handed to the verifier stays exact.
+Whether a round takes the continuation is the source choice's call (`planning.py`): under sampling a copied token is
+accepted with its target probability only, so a match is not always worth its verification.
 """
 
 from __future__ import annotations
@@ -27,9 +25,6 @@ import sys
 from collections.abc import Iterable
 
 import torch
-
-# The weight of the newest round in a source's running mean of accepted drafts (`SuffixIndex.record`).
-ACCEPTED_MEAN_WEIGHT = 0.25
 
 
 class SuffixIndex:
@@ -47,8 +42,6 @@ class SuffixIndex:
         self.tokens: list[int] = []
         # n-gram (as a tuple) -> index just after its most recent occurrence whose continuation was known then.
         self._next: dict[tuple[int, ...], int] = {}
-        # Exponential mean of the drafts accepted per verified round, per source (None: not tried yet).
-        self.accepted_mean: dict[str, float | None] = {"lookup": None, "drafter": None}
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -85,19 +78,6 @@ class SuffixIndex:
             position = start + i
             continuation.append(tokens[position] if position < len(tokens) else continuation[i - period])
         return continuation, n
-
-    def record(self, from_lookup: bool, accepted: int) -> None:
-        """Folds one verified round of this request (its source, and how many of its drafts were accepted) into that
-        source's running mean."""
-        source = "lookup" if from_lookup else "drafter"
-        mean = self.accepted_mean[source]
-        self.accepted_mean[source] = accepted if mean is None else mean + ACCEPTED_MEAN_WEIGHT * (accepted - mean)
-
-    def lookup_keeps_up(self) -> bool:
-        """Whether this request's lookup rounds accept, on recent average, at least as many drafts as its drafter
-        rounds (True until both sources have been verified)."""
-        lookup, drafter = self.accepted_mean["lookup"], self.accepted_mean["drafter"]
-        return lookup is None or drafter is None or lookup >= drafter
 
     @property
     def nbytes(self) -> int:

@@ -2,9 +2,10 @@
 
 transformers' batch-1 loop (`generation.py`), the batched loop (`batched.py`) and vLLM's proposer (`../vllm/`) are
 thin drivers of a session. Each knows where its target's cache rows, hidden states and tokens are; the session does
-the rest, the same way for all three: it binds the drafter to the target, captures the boundary states, reads each
-round's context views (`context_state.read_context`), proposes (`drafting.propose_blocks`: the lookup source or one
-drafter forward) and keeps the counters (`DraftingStats`, on `drafter.drafting_stats`).
+the rest, the same way for all three: it binds the drafter to the target, captures the boundary states, chooses each
+request's source (`plan`: the lookup source, one drafter forward, or no proposal, `planning.py`), reads the round's
+context views where the drafter runs (`context_state.read_context`), proposes (`drafting.propose_blocks`), and keeps
+the counters (`DraftingStats`, on `drafter.drafting_stats`) and what each request's verified rounds measured.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from transformers.generation.logits_process import LogitsProcessorList
 from ..context_state import DraftContext, LongSparkContextState, boundary_states, read_context
 from ..modeling_longspark import LongSparkDrafterModel
 from ..targets import HiddenStateCapture, TargetModules, check_sliding_window, check_target_compatible
-from .drafting import DraftRequests, DraftSettings, Proposal, propose_blocks
-from .lookup import SuffixIndex
+from .drafting import DraftRequests, DraftSettings, Proposal, plan_round, propose_blocks
+from .planning import RoundPlan, RoundPlanner, Source
 from .stats import DraftingStats
 
 
@@ -68,9 +69,9 @@ class DraftSession:
         """An empty context state (no row absorbed yet) for one request or a batch of them."""
         return LongSparkContextState(self.config.num_draft_layers, self.config.summary_chunk_size)
 
-    def new_lookup(self, offset: int = 0) -> SuffixIndex | None:
-        """An empty lookup index for one request whose tokens start at column `offset`; `None` with lookup off."""
-        return self.settings.new_lookup(offset)
+    def new_planner(self, offset: int = 0) -> RoundPlanner:
+        """The source choice of one request whose tokens start at column `offset` (with its lookup index)."""
+        return self.settings.new_planner(offset)
 
     def captured_boundary(self, positions: torch.LongTensor) -> torch.Tensor:
         """`(n, D * hidden_size)`: the boundary states at `positions` `(n,)` of the last target forward, batch row
@@ -92,27 +93,34 @@ class DraftSession:
         self.stats.context_state_bytes = state.nbytes
         return context
 
-    def propose(
-        self, context: DraftContext, requests: DraftRequests, lookups: list[SuffixIndex] | None = None
-    ) -> Proposal:
-        """This round's proposal for `requests` (`drafting.propose_blocks`), counted in `stats`."""
+    def plan(self, requests: DraftRequests, planners: list[RoundPlanner]) -> RoundPlan:
+        """Each request's source this round (`drafting.plan_round`), timed with the proposal."""
         start = time.perf_counter()
-        proposal = propose_blocks(self.drafter, context, requests, self.settings, lookups)
+        plan = plan_round(requests, self.settings, planners)
+        self.stats.proposal_seconds += time.perf_counter() - start
+        return plan
+
+    def propose(self, context: DraftContext | None, requests: DraftRequests, plan: RoundPlan) -> Proposal:
+        """This round's proposal for `requests` (`drafting.propose_blocks`), counted in `stats`. `context` may be
+        `None` when no request drafts (`plan.drafts`)."""
+        start = time.perf_counter()
+        proposal = propose_blocks(self.drafter, context, requests, self.settings, plan)
         self.stats.proposal_seconds += time.perf_counter() - start
         self.stats.rounds += len(requests.rows)
         self.stats.batch_rounds += 1
         self.stats.drafted_tokens += int(proposal.num_drafted.sum())
-        self.stats.lookup_rounds += int(proposal.from_lookup.sum())
+        self.stats.lookup_rounds += plan.sources.count(Source.LOOKUP)
+        self.stats.plain_rounds += plan.sources.count(Source.NONE)
         return proposal
 
-    def record_accepted(
-        self, accepted: list[int], from_lookup: list[bool], lookups: list[SuffixIndex] | None = None
-    ) -> None:
-        """Counts a verified round of each request (`accepted[r]` drafts kept of the proposal whose source was
-        `from_lookup[r]`), and tells each request's lookup index, which chooses the next sources from it."""
-        self.stats.record_accepted(accepted)
-        for index, count, lookup in zip(lookups or [], accepted, from_lookup):
-            index.record(lookup, count)
+    def record_accepted(self, proposal: Proposal, accepted: list[int], planners: list[RoundPlanner]) -> None:
+        """Counts a verified round of each request (`accepted[r]` of `proposal`'s drafts kept), and tells each
+        request's planner, which chooses the next sources from it. Rounds without a proposal are not acceptance
+        samples (`DraftingStats.acceptance_rates`)."""
+        proposed = proposal.num_drafted.tolist()
+        self.stats.record_accepted([a for a, s in zip(accepted, proposal.sources) if s is not Source.NONE])
+        for planner, source, k, a in zip(planners, proposal.sources, proposed, accepted, strict=True):
+            planner.record(source, k, a)
 
     def close(self) -> None:
         """Removes the hidden-state hooks from the target (when decoding ends or fails)."""

@@ -35,7 +35,8 @@ class DraftingStats:
     batch_rounds: int = 0
     drafted_tokens: int = 0
     lookup_rounds: int = 0  # rounds that proposed the lookup source's continuation instead of a drafted block
-    # accepted_histogram[k]: rounds that accepted exactly k drafts (per-position acceptance: `acceptance_rates()`).
+    plain_rounds: int = 0  # rounds that proposed nothing (the cost model's choice, or no room): plain decoding steps
+    # accepted_histogram[k]: rounds with a proposal that accepted exactly k drafts (`acceptance_rates()`).
     accepted_histogram: list[int] = field(default_factory=list)
     proposal_seconds: float = 0.0
     context_update_seconds: float = 0.0

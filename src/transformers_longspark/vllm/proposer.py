@@ -43,7 +43,7 @@ from torch import nn
 
 from ..context_state import DraftContext, LongSparkContextState, boundary_states, stack_contexts
 from ..inference.drafting import DraftRequests, DraftSettings
-from ..inference.lookup import SuffixIndex
+from ..inference.planning import RoundPlanner
 from ..inference.session import DraftSession
 from ..inference.stats import DraftingStats
 from ..modeling_longspark import LongSparkDrafterModel
@@ -112,8 +112,10 @@ class LongSparkProposer:
         self.session: DraftSession | None = None  # built by `load_model`, with the target's modules
         self.capture: HiddenStateCapture | None = None  # hooks on the selected decoder layers, set by `load_model`
         self.states: dict[str, LongSparkContextState] = {}
-        # With lookup on (`lookup_min_match`): each request's lookup index, kept, dropped and rebuilt with its state.
-        self.lookups: dict[str, SuffixIndex] = {}
+        # Each request's source choice and, with lookup on (`lookup_min_match`), its lookup index: kept, dropped and
+        # rebuilt with its state. vLLM does not report accepted counts back, so a request takes the lookup
+        # continuation where its suffix matches and the drafter's block elsewhere.
+        self.planners: dict[str, RoundPlanner] = {}
         self.lookup_on = bool(self.settings.lookup_min_match)
         self.runner = None
         self.states_built = 0
@@ -152,7 +154,7 @@ class LongSparkProposer:
         request_ids = list(batch.req_ids[: len(sampled_token_ids)])
         for request_id in set(self.states) - set(request_ids):  # finished, preempted or not scheduled
             del self.states[request_id]
-            self.lookups.pop(request_id, None)
+            self.planners.pop(request_id, None)
         query_start = self.runner.query_start_loc.np
         kv_caches, block_table = self._kv_caches(), _single_block_table(batch.block_table)
         drafting = [i for i in range(len(request_ids)) if sampled_token_ids[i]]  # the others are still in prefill
@@ -164,8 +166,8 @@ class LongSparkProposer:
             block_ids = block_table.block_table.np[i, : block_table.num_blocks_per_row[i]]
             rows = PagedRequestRows(kv_caches, block_ids, num_rows, self.dtype)
             context, new_state = self._context(request_ids[i], rows, boundary_row)
-            if self.lookup_on:
-                lookup = self.lookups[request_ids[i]]
+            lookup = self.planners[request_ids[i]].lookup
+            if lookup is not None:
                 lookup.extend(token_ids_cpu[i, len(lookup) : num_rows + 1].tolist())  # up to the anchor
             contexts.append(context)
             anchors.append(int(token_ids_cpu[i, num_rows]))
@@ -173,8 +175,8 @@ class LongSparkProposer:
             built.append(new_state)
         drafts: list[list[int]] = [[] for _ in request_ids]
         if drafting:
-            lookups = [self.lookups[request_ids[i]] for i in drafting] if self.lookup_on else None
-            blocks, from_lookup = self._propose(stack_contexts(contexts), anchors, lookups)
+            planners = [self.planners[request_ids[i]] for i in drafting]
+            blocks, from_lookup = self._propose(stack_contexts(contexts), anchors, planners)
             for r, i in enumerate(drafting):
                 drafts[i] = blocks[r]
                 entry = dict(request_id=request_ids[i], batch_index=i, num_rows=lengths[r], anchor=anchors[r])
@@ -188,15 +190,14 @@ class LongSparkProposer:
         built = state is None or state.num_absorbed > rows.num_rows
         if built:
             state = self.states[request_id] = self.session.new_state()
-            if self.lookup_on:
-                self.lookups[request_id] = self.session.new_lookup()
+            self.planners[request_id] = self.session.new_planner()
             self.states_built += 1
         step_states = [h[None] for h in self.capture.states]  # (1, num_tokens, hidden): the step's forward
         state.boundary_states = boundary_states(step_states, torch.tensor([boundary_row])).to(self.dtype)
         return self.session.read_context(state, rows, rows.num_rows), built
 
     def _propose(
-        self, context: DraftContext, anchors: list[int], lookups: list[SuffixIndex] | None
+        self, context: DraftContext, anchors: list[int], planners: list[RoundPlanner]
     ) -> tuple[list[list[int]], list[bool]]:
         """Each request's proposal after its anchor (`propose_blocks`: one drafter forward for the requests that do
         not take a lookup continuation), and whether it came from lookup.
@@ -207,7 +208,7 @@ class LongSparkProposer:
         sequences = torch.tensor([[anchor] + [0] * self.num_tokens for anchor in anchors])
         ones = torch.ones(n, dtype=torch.long)
         requests = DraftRequests(sequences, rows=torch.arange(n), lengths=ones, room=ones * self.num_tokens)
-        proposal = self.session.propose(context, requests, lookups)
+        proposal = self.session.propose(context, requests, self.session.plan(requests, planners))
         num_drafted = proposal.num_drafted.tolist()
         blocks = [proposal.tokens[r, : num_drafted[r]].tolist() for r in range(n)]
         return blocks, proposal.from_lookup.tolist()
