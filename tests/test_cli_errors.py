@@ -189,6 +189,23 @@ def test_every_option_has_help_text_and_old_flags_still_parse():
     assert parser.parse_args(["bench", "verify-cost", "--quiet"]).quiet
 
 
+def test_bench_options_before_the_command_are_kept_or_refused(capsys):
+    """argparse lets a subcommand's defaults overwrite the options given before it: `bench --num-threads 1 tau` must
+    run tau on one thread, and an option the command does not take is an error, not silently dropped."""
+    from transformers_longspark import cli
+
+    parser = cli.build_parser()
+    args = parser.parse_args(["bench", "--num-threads", "1", "--json", "r.json", "speed", "--modes", "greedy"])
+    assert (args.num_threads, str(args.json), args.modes) == (1, "r.json", ["greedy"])
+    args = parser.parse_args(["bench", "--num-threads", "1", "tau"])
+    assert args.num_threads == 1 and args.max_new_tokens == 64  # tau's own default stays
+    assert parser.parse_args(["bench", "--num-threads", "1", "tau", "--num-threads", "2"]).num_threads == 2
+    assert parser.parse_args(["bench", "memory"]).num_threads == 1  # memory's own default
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "--methods", "plain", "--seed", "3", "tau"])
+    assert "--methods is an option of the speed comparison, not of `bench tau`" in capsys.readouterr().err
+
+
 HELP_IMPORTS = """
 import sys
 from transformers_longspark import cli

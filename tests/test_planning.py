@@ -84,3 +84,15 @@ def test_the_drafter_pays_at_long_prefixes_where_the_target_step_is_dearer():
         planner.record(Source.DRAFTER, proposed=2, accepted=0.5)  # (1 + 0.5) / (1 + 0.3 + drafter round)
         choices[length] = planner.choose([], can_draft=True, length=length)
     assert choices == {100: Source.NONE, 8192: Source.DRAFTER}
+
+
+def test_a_fixed_verification_overhead_favours_long_proposals():
+    """Where any forward of several tokens costs a fixed share more than a one-token step (`verify_round_cost`), a
+    short lookup continuation that accepts little does not pay, and a long one that accepts much does."""
+    costs = RoundCosts(verify_round_cost=0.45, verify_token_cost=0.08)
+    planner = RoundPlanner(costs)
+    planner.record(Source.LOOKUP, proposed=2, accepted=0.5)  # (1 + 0.5) / (1 + 0.45 + 0.16) < 1
+    assert planner.choose([1, 2], can_draft=False) is Source.NONE
+    planner = RoundPlanner(costs)
+    planner.record(Source.LOOKUP, proposed=10, accepted=3)  # (1 + 3) / (1 + 0.45 + 0.8) > 1
+    assert planner.choose([1] * 10, can_draft=False) is Source.LOOKUP

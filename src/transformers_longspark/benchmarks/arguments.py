@@ -176,6 +176,24 @@ def _add_speed_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=1, help="timed calls per method and batch (--batch-sizes)")
 
 
+class _KeepOptionsBefore(argparse._SubParsersAction):
+    """`longspark bench --num-threads 1 tau`: argparse lets the command's defaults overwrite the options parsed before
+    it, so those would be silently lost. Here an option given before the command (a value other than `bench`'s
+    default) is kept where the command left its own default, and one the command does not take is an error."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        before = {dest: value for dest, value in vars(namespace).items() if value != parser.get_default(dest)}
+        super().__call__(parser, namespace, values, option_string)
+        command = self._name_parser_map[values[0]]
+        accepted = {action.dest: action for action in command._actions}
+        for dest, value in before.items():
+            if dest not in accepted:
+                option = next(a.option_strings[0] for a in parser._actions if a.dest == dest and a.option_strings)
+                parser.error(f"{option} is an option of the speed comparison, not of `bench {values[0]}`; drop it.")
+            if getattr(namespace, dest) == command.get_default(dest):
+                setattr(namespace, dest, value)
+
+
 def add_bench_arguments(subparsers_or_parser) -> argparse.ArgumentParser:
     """Adds `bench`: a subparser named `bench` when given `parser.add_subparsers()`'s result, else the arguments
     are added to the given parser. Returns the `bench` parser; dispatch with `run_bench`.
@@ -196,7 +214,9 @@ def add_bench_arguments(subparsers_or_parser) -> argparse.ArgumentParser:
     else:
         parser = subparsers_or_parser
     _add_speed_arguments(parser)
-    commands = parser.add_subparsers(dest="bench_command", metavar="{speed,tau,drafting-cost,verify-cost,memory}")
+    commands = parser.add_subparsers(
+        dest="bench_command", metavar="{speed,tau,drafting-cost,verify-cost,memory}", action=_KeepOptionsBefore
+    )
     speed = commands.add_parser("speed", help="plain generate vs prompt lookup vs LongSpark vs full-prefix drafter")
     _add_speed_arguments(speed)
 

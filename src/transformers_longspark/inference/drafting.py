@@ -47,10 +47,11 @@ class DraftSettings:
             `assistant_confidence_threshold`, and LongSpark's `block_confidence_threshold`.
         lookup_min_match: shortest matched suffix that makes a request take the lookup continuation (0: lookup off).
         lookup_num_tokens: the most tokens of a lookup continuation.
-        draft_round_cost / verify_token_cost / step_doubling_length: the cost model of the source choice
-            (`planning.py`), in plain decoding steps of the target: one drafter round at a short prefix, each
-            proposed token's share of the verification, and the prefix length over which a target step's cost
-            doubles (costs 0: every round proposes, as on a GPU).
+        draft_round_cost / verify_round_cost / verify_token_cost / step_doubling_length: the cost model of the
+            source choice (`planning.py`), in plain decoding steps of the target: one drafter round at a short
+            prefix, what a verification forward of several tokens costs beyond a one-token step (fixed, and per
+            proposed token), and the prefix length over which a target step's cost doubles (costs 0: every round
+            proposes, as on a GPU).
         eos_token_ids: `(k,)` ids that end a block, or `None`.
         logits_processor: `generate`'s processors, applied to every drafted position, or `None`.
     """
@@ -62,6 +63,7 @@ class DraftSettings:
     lookup_min_match: int = 0
     lookup_num_tokens: int = 0
     draft_round_cost: float = 0.0
+    verify_round_cost: float = 0.0
     verify_token_cost: float = 0.0
     step_doubling_length: int = 0
     eos_token_ids: torch.Tensor | None = None
@@ -80,6 +82,7 @@ class DraftSettings:
             lookup_min_match=min_match,
             lookup_num_tokens=(getattr(config, "lookup_num_tokens", None) or block_size) if min_match else 0,
             draft_round_cost=getattr(config, "draft_round_cost", 0.0) or 0.0,
+            verify_round_cost=getattr(config, "verify_round_cost", 0.0) or 0.0,
             verify_token_cost=getattr(config, "verify_token_cost", 0.0) or 0.0,
             step_doubling_length=getattr(config, "step_doubling_length", 0) or 0,
             **call,
@@ -111,7 +114,9 @@ class DraftSettings:
         lookup = None
         if self.lookup_min_match:
             lookup = SuffixIndex(self.lookup_min_match, max(self.lookup_min_match, LOOKUP_MAX_NGRAM), offset)
-        costs = RoundCosts(self.draft_round_cost, self.verify_token_cost, self.step_doubling_length)
+        costs = RoundCosts(
+            self.draft_round_cost, self.verify_round_cost, self.verify_token_cost, self.step_doubling_length
+        )
         return RoundPlanner(costs, lookup)
 
 

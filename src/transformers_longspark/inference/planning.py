@@ -1,19 +1,20 @@
 """Which source proposes a request's next round: the lookup continuation, a drafted block, or nothing at all.
 
 Speculation pays only where a round yields more tokens than it costs. The cost model of the drafter's generation
-config counts in plain decoding steps of the target: `verify_token_cost` is each proposed token's share of the
-verification forward, and `draft_round_cost` one drafter round at a short prefix. The drafter's round costs the same
-at any prefix length (its context is fixed-size), while the target's step grows with the prefix, by one more step
-every `step_doubling_length` tokens: at `t` tokens a drafter round costs `draft_round_cost / (1 + t /
-step_doubling_length)` steps. A source expected to yield `E` accepted drafts from `k` proposed ones gives `(1 + E) /
-(1 + cost)` tokens per step, where `cost = verify_token_cost * k` (+ the drafter round's). Plain decoding, a round that
-proposes nothing, gives 1. The confidence cuts (`drafting.draft_tokens`) apply the same trade to each position of a
-block: a token is proposed while its chance of being accepted repays its share of the verification.
+config counts in plain decoding steps of the target: a verification forward over the anchor and `k` proposed tokens
+costs `1 + verify_round_cost + verify_token_cost * k` steps (on some CPUs any forward of more than one token is
+dearer, whatever `k`: `verify_round_cost`), and a drafter round `draft_round_cost` steps at a short prefix. The
+drafter's round costs the same at any prefix length (its context is fixed-size), while the target's step grows with
+the prefix, by one more step every `step_doubling_length` tokens: at `t` tokens a drafter round costs
+`draft_round_cost / (1 + t / step_doubling_length)` steps. A source expected to yield `E` accepted drafts from `k`
+proposed ones gives `(1 + E) / (1 + cost)` tokens per step; plain decoding, a round that proposes nothing, gives 1.
+The confidence cuts (`drafting.draft_tokens`) apply the same trade to each position of a block: a token is proposed
+while its chance of being accepted repays its share of the verification.
 
 `RoundPlanner` keeps, per request and source, the running means of the drafts proposed and accepted per verified
 round (`record`), and takes the source worth most (`choose`). A source passed over is probed again after 4, 8, 16
 and then every 32 rounds, so that its means follow the text (a drafter that stops paying in prose may pay
-again in code). With both costs 0 (a GPU, where a verified token is almost free) a round never proposes nothing.
+again in code). With all costs 0 (a GPU, where a verified token is almost free) a round never proposes nothing.
 
 The choice reads the request's committed tokens and past verifications only, never this round's draws, so the law
 handed to the verifier stays exact, and a seeded run repeats itself.
@@ -66,6 +67,7 @@ class RoundCosts:
     cost does not grow with the prefix."""
 
     draft_round_cost: float = 0.0
+    verify_round_cost: float = 0.0
     verify_token_cost: float = 0.0
     step_doubling_length: int = 0
 
@@ -82,7 +84,7 @@ class RoundCosts:
             return 1.0
         if record.accepted is None:
             return float("inf")
-        cost = self.verify_token_cost * (record.proposed if proposed is None else proposed)
+        cost = self.verify_round_cost + self.verify_token_cost * (record.proposed if proposed is None else proposed)
         if source is Source.DRAFTER:
             cost += self.drafter_cost(length)
         return (1.0 + record.accepted) / (1.0 + cost)
