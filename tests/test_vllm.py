@@ -120,6 +120,7 @@ def test_paged_rows_match_vllm_cache_writer():
         cases = [(torch.float32, "vec", 128, 64), (torch.bfloat16, "amx", 128, 64), (torch.bfloat16, "vec", 128, 64),
                  (torch.float32, "vec16", 16, 64), (torch.bfloat16, "vec16", 16, 64), (torch.float32, "vec16", 128, 48),
                  (torch.float16, "vec16", 32, 48), (torch.bfloat16, "vec16", 128, 80)]
+        unsupported = []
         for dtype, layout, block, head in cases:
             total = 3 * block - 7  # the last block partly filled
             cache = torch.zeros(6, 3, block, 2 * head, dtype=dtype)
@@ -127,16 +128,26 @@ def test_paged_rows_match_vllm_cache_writer():
             keys, values = torch.randn(total, 3, head, dtype=dtype), torch.randn(total, 3, head, dtype=dtype)
             blocks = torch.tensor([4, 1, 3])
             slots = blocks[torch.arange(total) // block] * block + torch.arange(total) % block
-            ops.cpu_attn_reshape_and_cache(keys, values, key_cache, value_cache, slots, layout)
+            try:
+                ops.cpu_attn_reshape_and_cache(keys, values, key_cache, value_cache, slots, layout)
+            except RuntimeError as error:  # e.g. no AVX-512 here: "Unsupported CPU attention configuration"
+                if "Unsupported CPU attention configuration" not in str(error):
+                    raise
+                unsupported.append((str(dtype), layout, block, head))
+                continue
             rows = PagedRequestRows({0: (cache, layout)}, blocks, total, dtype)
             for n in (total, 2 * block, block - 3, 1):
                 k, v = rows.last_rows(0, n)
                 assert torch.equal(k[0], keys[total - n:].transpose(0, 1)), (layout, block, head, n)
                 assert torch.equal(v[0], values[total - n:].transpose(0, 1)), (layout, block, head, n)
+        print(len(unsupported), len(cases), unsupported)
         print("ok")
     """)
     done = subprocess.run([str(VLLM_PYTHON), "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+    num_unsupported, num_cases, unsupported = done.stdout.strip().splitlines()[-2].split(" ", 2)
+    if num_unsupported == num_cases:
+        pytest.skip(f"vLLM's CPU cache writer supports none of the layouts on this CPU: {unsupported}")
 
 
 def prompt_ids(tokenizer) -> list[list[int]]:
@@ -196,8 +207,11 @@ def drafter_copy(folder: Path, **settings) -> Path:
 
 def lookup_drafter_dir(folder: Path) -> Path:
     """The shipped drafter with its lookup source matching from 2 tokens (`lookup_min_match=2`), proposing at most
-    the `NUM_SPECULATIVE` tokens vLLM verifies, so that both paths propose the same continuations."""
-    return drafter_copy(folder, lookup_min_match=2, lookup_num_tokens=NUM_SPECULATIVE)
+    the `NUM_SPECULATIVE` tokens vLLM verifies, so that both paths propose the same continuations, and its cost model
+    off: vLLM reports no verification back to the proposer, which therefore proposes every round, as the
+    transformers path then does."""
+    costs_off = dict(draft_round_cost=0.0, verify_round_cost=0.0, verify_token_cost=0.0)
+    return drafter_copy(folder, lookup_min_match=2, lookup_num_tokens=NUM_SPECULATIVE, **costs_off)
 
 
 def run_vllm(tmp: Path, name: str, **options) -> dict:
@@ -313,27 +327,28 @@ class FirstRoundDone(Exception):
 @contextlib.contextmanager
 def recorded_rounds(first_only: bool = False):
     """Records the transformers path's rounds inside the block: `(num_rows, anchor, drafts, from_lookup)` of each
-    `LongSparkCandidateGenerator.propose` (with `first_only`, the first round ends the `generate` call)."""
-    from transformers_longspark.inference.generation import LongSparkCandidateGenerator
+    round with a proposal (`DraftSession.propose`; with `first_only`, the first one ends the `generate` call)."""
+    from transformers_longspark.inference.planning import Source
+    from transformers_longspark.inference.session import DraftSession
 
     recorded: list[tuple[int, int, list[int], bool]] = []
-    original = LongSparkCandidateGenerator.propose
+    original = DraftSession.propose
 
-    def recording_propose(self, input_ids, context, num_tokens):
-        lookup_rounds = self.stats.lookup_rounds
-        ids, logits = original(self, input_ids, context, num_tokens)
-        length = input_ids.shape[1]
-        from_lookup = self.stats.lookup_rounds > lookup_rounds
-        recorded.append((length - 1, int(input_ids[0, -1]), ids[0, length:].tolist(), from_lookup))
-        if first_only:
-            raise FirstRoundDone
-        return ids, logits
+    def recording_propose(self, context, requests, plan):
+        proposal = original(self, context, requests, plan)
+        length, k = int(requests.lengths[0]), int(proposal.num_drafted[0])
+        if k:  # the last rounds may have no room left
+            anchor, drafts = int(requests.sequences[0, length - 1]), proposal.tokens[0, :k].tolist()
+            recorded.append((length - 1, anchor, drafts, plan.sources[0] is Source.LOOKUP))
+            if first_only:
+                raise FirstRoundDone
+        return proposal
 
-    LongSparkCandidateGenerator.propose = recording_propose
+    DraftSession.propose = recording_propose
     try:
         yield recorded
     finally:
-        LongSparkCandidateGenerator.propose = original
+        DraftSession.propose = original
 
 
 def load_lookup_drafter(served):

@@ -98,7 +98,8 @@ def format_markdown(report: Mapping[str, Any]) -> str:
         "(plain generate, on the fast verification path, with a static cache): "
         + "; ".join(_best_plain_notes(report["rows"]))
         + ". verify ms/round: target forward per round after the prefill (for plain generate, per decoding step); "
-        "lookup rounds: rounds that proposed the lookup continuation instead of a drafted block.",
+        "lookup rounds: rounds that proposed the lookup continuation instead of a drafted block; plain rounds: rounds "
+        "that proposed nothing (the cost model found no source worth its cost), i.e. plain decoding steps.",
     ]
     if drafter and drafter.get("trained") is False:
         notes.append("**The drafter is RANDOM (untrained): its tau and speedups are not meaningful.**")

@@ -51,7 +51,7 @@ DRAFTER_METHODS: dict[str, dict[str, Any]] = {
     "longspark": {},
     "longspark_no_lookup": {"lookup_min_match": 0},
     "longspark_lookup": {},
-    "longspark_every_round": {"draft_round_cost": 0.0, "verify_token_cost": 0.0},
+    "longspark_every_round": {"draft_round_cost": 0.0, "verify_round_cost": 0.0, "verify_token_cost": 0.0},
     "longspark_whole_blocks": WHOLE_BLOCKS,
     "longspark_stock_verify": {"fast_verification": False, **WHOLE_BLOCKS},
     "full_prefix": {},

@@ -16,8 +16,11 @@ drafter forward shared by those requests. Only the place the rows come from diff
 
 A request's state is created at its first sampled token (after its last prefill chunk: the prompt's rows are all in
 the cache then) and dropped once the request leaves vLLM's batch (finished, preempted, or not scheduled in a step);
-if it comes back, the state is rebuilt from its rows in the cache. Its lookup index (`SuffixIndex`) lives and dies with
-it: extended each step with the request's tokens since the last (`token_ids_cpu`), rebuilt from its whole history.
+if it comes back, the state is rebuilt from its rows in the cache. Its source choice (`RoundPlanner`, with its lookup
+index, `SuffixIndex`) lives and dies with it: the index is extended each step with the request's tokens since the
+last (`token_ids_cpu`) and rebuilt from its whole history. vLLM does not report accepted counts back, so the choice
+has no past rounds to weigh: a request takes the lookup continuation where its suffix matches and the drafter's block
+elsewhere, and never a round without drafts (the cost model is for CPUs, where a verified token is dear).
 Drafts are argmax tokens or lookup continuations, at most `num_speculative_tokens` of them; vLLM's rejection sampler
 takes custom drafts as one-hot proposals, which is exact under sampling for both (each is a point mass given the
 request's tokens). On vLLM's CPU backend, sampling with drafts needs `cpu_sampling.fix_cpu_expand`, which the proposer
