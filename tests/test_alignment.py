@@ -70,17 +70,20 @@ def _clone_context(context: DraftContext) -> DraftContext:
 def forced_generate(target, drafter, prompt, schedule, monkeypatch) -> tuple[torch.Tensor, list[Round]]:
     """Greedy assisted `generate` in which round `r` accepts exactly `schedule[r]` drafts: after the drafter proposes,
     its first `k` tokens are replaced by the target's greedy tokens and the next one by a wrong token. Records the
-    drafter's actual inputs (via a forward hook) and the logits `propose` returns for its own drafts."""
+    drafter's actual inputs (via a forward hook) and the logits `get_candidates` returns for its own drafts."""
     reference = target.generate(prompt, do_sample=False, max_new_tokens=1 + sum(k + 1 for k in schedule))
     rounds, seen = [], {}
 
     def record_forward(module, args, output):
         seen.update(block_ids=args[0].clone(), context=_clone_context(args[1]), base_logits=output.base_logits.clone())
 
-    original_propose = LongSparkCandidateGenerator.propose
+    original_get_candidates = LongSparkCandidateGenerator.get_candidates
 
-    def propose(self, input_ids, context, num_tokens):
-        candidate_ids, logits = original_propose(self, input_ids, context, num_tokens)
+    def get_candidates(self, *args, **kwargs):
+        candidate_ids, logits = original_get_candidates(self, *args, **kwargs)
+        if logits is None:  # the prefill: no drafts
+            return candidate_ids, logits
+        input_ids = args[0] if args else kwargs["input_ids"]
         t, n = input_ids.shape[1] - 1, logits.shape[1]
         k = min(schedule[len(rounds)], n)
         forced = candidate_ids.clone()
@@ -93,7 +96,7 @@ def forced_generate(target, drafter, prompt, schedule, monkeypatch) -> tuple[tor
     handle = drafter.register_forward_hook(record_forward)
     try:
         with monkeypatch.context() as patch:
-            patch.setattr(LongSparkCandidateGenerator, "propose", propose)
+            patch.setattr(LongSparkCandidateGenerator, "get_candidates", get_candidates)
             output = target.generate(prompt, do_sample=False, max_new_tokens=reference.shape[1] - prompt.shape[1],
                                      assistant_model=drafter)  # fmt: skip
     finally:

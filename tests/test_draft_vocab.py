@@ -115,7 +115,7 @@ def test_score_only_processors_run_in_the_draft_vocabulary(monkeypatch):
     drafter = drafter.with_draft_vocab(torch.tensor([0, 2, 3, 4, 5]))
     seen = spy_on_verifier(monkeypatch)
     prompt = torch.tensor([[1, 4, 2, 5]])
-    counts = sampled_counts(target, drafter, prompt, sampling=sampling)
+    counts = sampled_counts(target, drafter, prompt, draws=1000, sampling=sampling)
     assert seen and all((torch.isfinite(logits).sum(-1) <= 3).all() for _, logits in seen)  # top-k 3 applied
     assert chi_square_pvalue(counts, exact_law(target, prompt, sampling=sampling)) > 1e-3
 
