@@ -256,6 +256,8 @@ def draft_tokens(
     # the cost; target-vocabulary logits are built once at the end. Other processors read target-vocabulary logits
     # (and the sequence), so they get them per token.
     in_draft_vocab = all(isinstance(processor, DRAFT_VOCAB_PROCESSORS) for processor in logits_processor or [])
+    # Score-only processors never read the sequence: one gather of the rows serves every position.
+    score_only_ids = sequences[rows] if in_draft_vocab and logits_processor else None
     drafting = max_tokens > 0
     num_drafted = torch.zeros_like(lengths)
     drafted_ids, drafted_logits = [], []
@@ -267,8 +269,8 @@ def draft_tokens(
         logits = base_logits[:, i] + drafter.markov_correction(previous).float()
         if not in_draft_vocab:
             logits = process_logits(logits_processor, sequences, rows, lengths + i, drafter.to_target_vocab(logits))
-        elif logits_processor:  # score-only: the sequence is not read
-            logits = logits_processor(sequences[rows], logits)
+        elif score_only_ids is not None:
+            logits = logits_processor(score_only_ids, logits)
         probs = torch.softmax(logits, dim=-1)
         if i > 0:  # decided before drawing y_i (see the docstring): the cut must not depend on the token it drops
             confidence = probs.max(dim=-1).values
