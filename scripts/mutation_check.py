@@ -36,6 +36,7 @@ LOOKUP = ("tests/test_lookup.py", "tests/test_exactness.py")
 PLANNING = ("tests/test_planning.py", "tests/test_exactness.py")
 RELIABILITY = ("tests/test_reliability.py",)
 VERIFICATION = ("tests/test_verification.py",)
+PACKED = ("tests/test_packed_linear.py",)
 NETWORK = ("tests/test_golden.py",)
 TRAINING = ("tests/test_training.py",)
 WARM_START = ("tests/test_warm_start.py",)
@@ -123,6 +124,12 @@ MUTATIONS = [
     Mutation("plain forwards of other threads take the fast path", "inference/verification.py",
              "attention = grouped_verification_attention if _thread.depth else sdpa_attention_forward",
              "attention = grouped_verification_attention", RELIABILITY),
+    Mutation("packed weights kept after the weight changes (a training step)", "inference/packed_linear.py",
+             "if cached is None or cached[0] != key:", "if cached is None:", PACKED),
+    Mutation("packed layers keep their routed forward after the block", "inference/packed_linear.py",
+             "del layer.forward  # back to `nn.Linear.forward`", "pass", PACKED),
+    Mutation("other threads' linear layers take the packed weights", "inference/packed_linear.py",
+             "if _thread.depth and few_rows and not needs_grad", "if few_rows and not needs_grad", PACKED),
     Mutation("capture hooks record other threads' forwards", "targets.py",
              "if not any_thread and threading.get_ident() != owner:", "if threading.get_ident() == -1:", RELIABILITY),
     # The network (training and inference alike: only golden logits see it).

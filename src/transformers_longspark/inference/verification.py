@@ -13,12 +13,16 @@ drafter:
 2. **The cache is concatenated.** `DynamicLayer.update` appends with `torch.cat`, copying each layer's whole cache
    at every forward. `ReservedDynamicLayer` appends into storage reserved for the whole generation, so a forward
    writes only its own new rows; cropping rejected rows only shortens the view.
+3. **On CPU, weights are repacked.** For more than one row, `F.linear` repacks every weight matrix per call;
+   `packed_linear.packed_linear_weights` runs the linear layers from weights packed once instead, so verifying a few
+   tokens reads the weights about once, as a one-token step does.
 
-`fast_verification(target, cache, max_length)` applies both for the duration of one `generate` call with a LongSpark
-drafter (the generate hook does this) and restores the target's attention implementation afterwards. The switch is
-per call and per thread: while it is on, the target's config names `longspark_verification`, but a forward from any
-other thread (a plain `generate` on the same target in a server) finds the stock `sdpa` function and mask behind that
-name, so plain `generate` is never affected, even concurrently. Other modes opt in the same way, e.g. prompt lookup:
+`fast_verification(target, cache, max_length)` applies all three for the duration of one `generate` call with a
+LongSpark drafter (the generate hook does this) and restores the target's attention implementation and linear
+layers afterwards. The switch is per call and per thread: while it is on, the target's config names
+`longspark_verification`, but a forward from any other thread (a plain `generate` on the same target in a server)
+finds the stock `sdpa` function and mask behind that name, and the stock linear layers, so plain `generate` is never
+affected, even concurrently. Other modes opt in the same way, e.g. prompt lookup:
 
     with fast_verification(target):
         target.generate(**inputs, prompt_lookup_num_tokens=10)
@@ -37,6 +41,8 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from .packed_linear import packed_linear_weights
 
 ATTENTION_NAME = "longspark_verification"
 # Queries per forward up to which attention is computed on grouped heads; longer ones (prefill) use stock `sdpa`.
@@ -179,7 +185,7 @@ def fast_verification(
     flash attention or a kernel keeps its own. Only forwards from this thread take the fast path (see the module
     docstring); the last block to exit, in any thread, restores the model's implementation, exceptions included.
     `cache` (still empty) gets `max_length` reserved rows per full-attention layer; it is not restored, as its layers
-    hold the rows.
+    hold the rows. The model's CPU linear layers use packed weights (`packed_linear_weights`, which keeps them).
     """
     if cache is not None and max_length is not None:
         reserve_cache_rows(cache, max_length)
@@ -193,7 +199,8 @@ def fast_verification(
             config._attn_implementation = ATTENTION_NAME
     _thread.depth += 1
     try:
-        yield
+        with packed_linear_weights(model):
+            yield
     finally:
         _thread.depth -= 1
         if switch:

@@ -1,0 +1,115 @@
+"""The linear layers of few-row forwards on CPU, from weights packed once for oneDNN.
+
+On CPU, `F.linear` with more than one input row runs MKL's sgemm, which repacks the weight matrix on every call: for
+the handful of rows of a verification forward, that packing reads and writes every weight once more, so on a
+memory-bound machine a 2-token forward's linear layers cost about twice a one-token step's (SmolLM2-135M, fp32,
+2-vCPU AMD EPYC: all linear layers of one forward take 40 ms for 1 row, 70-90 ms for 2-8 rows). oneDNN's kernels
+over weights reordered once (`torch.ops.mkldnn._reorder_linear_weight`) read each weight once per call: 36 ms for
+1 row, 37-52 ms for 2-8 rows, and still ahead of sgemm at 64 rows. Past `MAX_PACKED_ROWS` rows (a prefill)
+sgemm's packing is amortised and the stock path is as fast, so it runs unchanged.
+
+`packed_linear_weights(*models)` routes the `nn.Linear` layers of `models` through packed weights for this thread,
+for the duration of the block (`fast_verification` opens it for the target). Forwards from other threads, forwards
+that need gradients, non-CPU weights and dtypes oneDNN cannot pack here take `F.linear` unchanged. A packed weight
+is kept for its layer between blocks (packing SmolLM2-135M takes ~1.5 s), so the weights are held twice, once in
+oneDNN's layout; `release_packed_weights(model)` frees the copies. A weight replaced or modified in place (a training
+step) is packed again. The results agree with `F.linear` up to float rounding (the summation order differs), as any
+two BLAS kernels do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# Input rows (batch x tokens) up to which a layer uses its packed weight.
+MAX_PACKED_ROWS = 64
+_PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+class _ThreadState(threading.local):
+    depth = 0  # `packed_linear_weights` blocks open in this thread
+
+
+_thread = _ThreadState()
+_routed: dict[int, int] = {}  # id(layer) -> open blocks (all threads) routing its forward
+_lock = threading.Lock()
+# layer -> ((what its weight was when packed), packed weight or None); outside the layer, so that copying, pickling
+# or saving a model never meets a oneDNN tensor.
+_packed: weakref.WeakKeyDictionary[nn.Linear, tuple[tuple, torch.Tensor | None]] = weakref.WeakKeyDictionary()
+
+
+def _packed_weight(layer: nn.Linear) -> torch.Tensor | None:
+    """`layer`'s weight in oneDNN's layout (packed on first use, again after the weight changes), or `None` where it
+    cannot be packed (the build or CPU lacks the kernel for its dtype)."""
+    weight = layer.weight
+    key = (weight.data_ptr(), weight._version, weight.dtype, tuple(weight.shape))
+    cached = _packed.get(layer)
+    if cached is None or cached[0] != key:
+        try:
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+        except RuntimeError:  # e.g. bf16 without AVX-512 / AVX-NE-CONVERT
+            packed = None
+        cached = _packed[layer] = (key, packed)
+    return cached[1]
+
+
+def _routed_forward(layer: nn.Linear, input: torch.Tensor) -> torch.Tensor:
+    """What a routed layer's `forward` runs: the packed kernel for few rows inside this thread's block, else stock."""
+    few_rows = input.dim() >= 2 and input.numel() // input.shape[-1] <= MAX_PACKED_ROWS
+    needs_grad = torch.is_grad_enabled() and (input.requires_grad or layer.weight.requires_grad)
+    if _thread.depth and few_rows and not needs_grad and input.dtype == layer.weight.dtype:
+        packed = _packed_weight(layer)
+        if packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(input, packed, layer.bias, "none", [], "")
+    return F.linear(input, layer.weight, layer.bias)
+
+
+def _packable_layers(models: tuple[nn.Module, ...]) -> list[nn.Linear]:
+    if not torch.backends.mkldnn.is_available():
+        return []
+    layers = {id(m): m for model in models for m in model.modules() if type(m) is nn.Linear}
+    return [m for m in layers.values() if m.weight.device.type == "cpu" and m.weight.dtype in _PACKABLE_DTYPES]
+
+
+@contextlib.contextmanager
+def packed_linear_weights(*models: nn.Module) -> Iterator[None]:
+    """Inside the block, this thread's few-row forwards of `models`' CPU `nn.Linear` layers use packed weights.
+
+    Blocks nest and may be open in several threads at once; a layer's own `forward` is restored when the last block
+    routing it exits, exceptions included.
+    """
+    layers = _packable_layers(models)
+    with _lock:
+        for layer in layers:
+            count = _routed.get(id(layer), 0)
+            if count == 0:
+                layer.forward = _routed_forward.__get__(layer)
+            _routed[id(layer)] = count + 1
+    _thread.depth += 1
+    try:
+        yield
+    finally:
+        _thread.depth -= 1
+        with _lock:
+            for layer in layers:
+                count = _routed.pop(id(layer)) - 1
+                if count:
+                    _routed[id(layer)] = count
+                else:
+                    del layer.forward  # back to `nn.Linear.forward`
+
+
+def release_packed_weights(model: nn.Module) -> None:
+    """Frees the packed copies of `model`'s linear weights (they are packed again on the next use)."""
+    for module in model.modules():
+        _packed.pop(module, None)
+
+
+__all__ = ["MAX_PACKED_ROWS", "packed_linear_weights", "release_packed_weights"]

@@ -1,0 +1,136 @@
+"""Linear layers on packed weights: the stock results, only inside the block, only in its thread, restored after."""
+
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from transformers_longspark.inference import packed_linear
+from transformers_longspark.inference.packed_linear import (
+    MAX_PACKED_ROWS,
+    packed_linear_weights,
+    release_packed_weights,
+)
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN")
+
+
+def layer(in_features: int = 24, out_features: int = 40, bias: bool = True, seed: int = 0) -> nn.Linear:
+    torch.manual_seed(seed)
+    return nn.Linear(in_features, out_features, bias=bias).eval()
+
+
+def was_packed(module: nn.Linear) -> bool:
+    return packed_linear._packed.get(module, (None, None))[1] is not None
+
+
+@pytest.mark.parametrize("shape", [(1, 24), (3, 24), (2, 5, 24), (1, MAX_PACKED_ROWS, 24)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_forward_gives_the_stock_result(shape, bias):
+    module = layer(bias=bias)
+    x = torch.randn(shape)
+    stock = module(x)
+    with torch.no_grad(), packed_linear_weights(module):
+        packed = module(x)
+    assert was_packed(module)
+    torch.testing.assert_close(packed, stock.detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_non_contiguous_input_gives_the_stock_result():
+    module = layer()
+    x = torch.randn(4, 48)[:, ::2]
+    with torch.no_grad(), packed_linear_weights(module):
+        torch.testing.assert_close(module(x), torch.nn.functional.linear(x, module.weight, module.bias))
+
+
+def test_forward_is_restored_after_the_block_and_after_an_exception():
+    module = layer()
+    with torch.no_grad(), packed_linear_weights(module):
+        assert "forward" in module.__dict__
+    assert "forward" not in module.__dict__
+    with pytest.raises(KeyError), packed_linear_weights(module):
+        raise KeyError("interrupted")
+    assert "forward" not in module.__dict__ and not packed_linear._routed
+
+
+def test_nested_blocks_keep_routing_until_the_last_exits():
+    module = layer()
+    with packed_linear_weights(module):
+        with packed_linear_weights(nn.Sequential(module)):
+            pass
+        assert "forward" in module.__dict__
+    assert "forward" not in module.__dict__
+
+
+def test_many_rows_and_gradients_take_the_stock_path():
+    module = layer().requires_grad_(True)
+    with packed_linear_weights(module):
+        with torch.no_grad():
+            module(torch.randn(MAX_PACKED_ROWS + 1, 24))  # a prefill
+        assert not was_packed(module)
+        x = torch.randn(3, 24, requires_grad=True)
+        module(x).sum().backward()  # training through the block still gets gradients
+    assert not was_packed(module)
+    assert x.grad is not None and module.weight.grad is not None
+
+
+def test_other_threads_take_the_stock_path():
+    module = layer()
+    results = {}
+    opened, done = threading.Event(), threading.Event()
+
+    def other_thread():
+        opened.wait()
+        with torch.no_grad():
+            results["other"] = module(torch.randn(2, 24))
+        done.set()
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    with packed_linear_weights(module):
+        opened.set()
+        done.wait()
+    thread.join()
+    assert not was_packed(module)  # the other thread's forward ran while the block was open, on F.linear
+
+
+def test_a_changed_weight_is_packed_again():
+    module = layer()
+    x = torch.randn(2, 24)
+    with torch.no_grad(), packed_linear_weights(module):
+        before = module(x)
+        module.weight.mul_(2.0)  # in place (an optimizer step)
+        after_in_place = module(x)
+        module.weight = nn.Parameter(torch.randn(40, 24))  # replaced (load_state_dict with assign, .to())
+        after_replaced = module(x)
+    torch.testing.assert_close(after_in_place, 2 * before - module.bias, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(after_replaced, torch.nn.functional.linear(x, module.weight, module.bias))
+
+
+def test_release_frees_the_packed_copies():
+    module = layer()
+    with torch.no_grad(), packed_linear_weights(module):
+        module(torch.randn(2, 24))
+    assert was_packed(module)
+    release_packed_weights(nn.Sequential(module))
+    assert module not in packed_linear._packed
+
+
+def test_a_dtype_this_cpu_cannot_pack_falls_back_to_the_stock_result():
+    module = layer().to(torch.bfloat16)
+    x = torch.randn(3, 24, dtype=torch.bfloat16)
+    stock = torch.nn.functional.linear(x, module.weight, module.bias)
+    with torch.no_grad(), packed_linear_weights(module):
+        out = module(x)  # packed where oneDNN has bf16 kernels on this CPU, else F.linear
+    torch.testing.assert_close(out.float(), stock.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_only_cpu_linear_layers_are_routed():
+    class NotALinear(nn.Linear):  # a subclass may compute something else (LoRA, quantized layers)
+        pass
+
+    model = nn.Sequential(layer(), NotALinear(24, 40), nn.Embedding(4, 24))
+    with packed_linear_weights(model):
+        assert "forward" in model[0].__dict__
+        assert "forward" not in model[1].__dict__
