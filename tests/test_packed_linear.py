@@ -134,3 +134,13 @@ def test_only_cpu_linear_layers_are_routed():
     with packed_linear_weights(model):
         assert "forward" in model[0].__dict__
         assert "forward" not in model[1].__dict__
+
+
+def test_weights_created_in_inference_mode_are_packed():
+    with torch.inference_mode():
+        module = layer()
+        x = torch.randn(3, 24)
+        with packed_linear_weights(module):
+            out = module(x)
+    assert was_packed(module)
+    torch.testing.assert_close(out, torch.nn.functional.linear(x, module.weight, module.bias))

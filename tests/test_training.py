@@ -170,7 +170,7 @@ def test_model_card_from_a_benchmark_report(tmp_path):
     for field in ("base_model:", "library_name: transformers", "pipeline_tag: text-generation", "license:",
                   "speculative-decoding"):  # fmt: skip
         assert field in metadata
-    assert "| 3.25 | 20.0 | 1.60x | - | yes |" in card and "longspark bench --json bench.json" in card
+    assert "| 3.25 | 20.0 | 1.60x | - | - | yes |" in card and "longspark bench --json bench.json" in card
     assert f"{sum(p.numel() for p in drafter.parameters()):,} parameters" in card and "slower" not in card
 
     # Several reports (short and long prompts) go into one table; a slower case is named.
@@ -178,10 +178,12 @@ def test_model_card_from_a_benchmark_report(tmp_path):
         {"workload": "long", "mode": "greedy", "method": "prompt_lookup_fast", "label": "prompt lookup (fast)",
          "tau": 2.0, "tokens_per_s": 9.0, "speedup": 1.1, "decode_speedup": 1.5, "greedy_identical": True},
         {"workload": "long", "mode": "greedy", "method": "longspark", "label": "LongSpark", "tau": 1.5,
-         "tokens_per_s": 8.0, "speedup": 1.05, "decode_speedup": 0.9, "greedy_identical": True}]}  # fmt: skip
+         "tokens_per_s": 8.0, "speedup": 1.05, "decode_speedup": 0.9, "decode_speedup_vs_best_plain": 0.8,
+         "greedy_identical": True}]}  # fmt: skip
     (tmp_path / "long.json").write_text(json.dumps(long_report))
     card = write_model_card(tmp_path / "drafter", [tmp_path / "bench.json", tmp_path / "long.json"]).read_text()
-    assert card.index("prompt lookup (fast) | 2.00 | 9.0 | 1.10x | 1.50x") < card.index("| 1.50 | 8.0 | 1.05x | 0.90x")
+    longspark_row = card.index("| 1.50 | 8.0 | 1.05x | 0.90x | 0.80x |")  # with its speed-up over the best plain path
+    assert card.index("prompt lookup (fast) | 2.00 | 9.0 | 1.10x | 1.50x") < longspark_row
     assert "slower than plain generation in: long greedy 0.90x" in card and "--workloads long" in card
     (tmp_path / "limits.md").write_text("Short prompts need tau 1.9.\n")
     card = write_model_card(tmp_path / "drafter", tmp_path / "bench.json", notes=tmp_path / "limits.md").read_text()

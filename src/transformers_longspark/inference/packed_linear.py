@@ -49,7 +49,9 @@ def _packed_weight(layer: nn.Linear) -> torch.Tensor | None:
     """`layer`'s weight in oneDNN's layout (packed on first use, again after the weight changes), or `None` where it
     cannot be packed (the build or CPU lacks the kernel for its dtype)."""
     weight = layer.weight
-    key = (weight.data_ptr(), weight._version, weight.dtype, tuple(weight.shape))
+    # Inference-mode tensors keep no version counter, and cannot be modified in place outside inference mode.
+    version = -1 if weight.is_inference() else weight._version
+    key = (weight.data_ptr(), version, weight.dtype, tuple(weight.shape))
     cached = _packed.get(layer)
     if cached is None or cached[0] != key:
         try:
