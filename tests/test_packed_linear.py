@@ -9,6 +9,7 @@ from torch import nn
 from transformers_longspark.inference import packed_linear
 from transformers_longspark.inference.packed_linear import (
     MAX_PACKED_ROWS,
+    packed_copy,
     packed_linear_weights,
     release_packed_weights,
 )
@@ -22,7 +23,7 @@ def layer(in_features: int = 24, out_features: int = 40, bias: bool = True, seed
 
 
 def was_packed(module: nn.Linear) -> bool:
-    return packed_linear._packed.get(module, (None, None))[1] is not None
+    return packed_copy(module.weight) is not None
 
 
 @pytest.mark.parametrize("shape", [(1, 24), (3, 24), (2, 5, 24), (1, MAX_PACKED_ROWS, 24)])
@@ -114,7 +115,7 @@ def test_release_frees_the_packed_copies():
         module(torch.randn(2, 24))
     assert was_packed(module)
     release_packed_weights(nn.Sequential(module))
-    assert module not in packed_linear._packed
+    assert packed_copy(module.weight) is None
 
 
 def test_a_dtype_this_cpu_cannot_pack_falls_back_to_the_stock_result():
@@ -144,3 +145,14 @@ def test_weights_created_in_inference_mode_are_packed():
             out = module(x)
     assert was_packed(module)
     torch.testing.assert_close(out, torch.nn.functional.linear(x, module.weight, module.bias))
+
+
+def test_a_bare_weight_is_packed_inside_a_block_only():
+    weight, x = torch.randn(40, 24), torch.randn(7, 24)
+    torch.testing.assert_close(packed_linear.linear(x, weight), x @ weight.T)
+    assert packed_copy(weight) is None  # outside any block: F.linear
+    with packed_linear_weights():
+        torch.testing.assert_close(packed_linear.linear(x, weight), x @ weight.T, rtol=1e-5, atol=1e-5)
+    assert packed_copy(weight) is not None
+    del weight
+    assert not any(reference() is None for reference, _, _ in packed_linear._packed.values())  # freed with it

@@ -27,6 +27,7 @@ from transformers.utils import ModelOutput
 
 from .configuration_longspark import LongSparkConfig
 from .context_state import DraftContext
+from .inference import packed_linear
 from .targets import TargetModules, target_modules
 
 # Default `assistant_confidence_threshold` of new drafters (0 always proposes whole blocks). On the shipped SmolLM2
@@ -299,7 +300,8 @@ class LongSparkDrafterModel(LongSparkPreTrainedModel):
             hidden = layer(hidden, position_embeddings, keys, values, key_mask)
 
         weight, bias = self._output_head
-        base_logits = F.linear(target.norm(hidden).to(weight.dtype), weight, bias).float()
+        # Packed inside generate's fast verification block (a few rows over the draft vocabulary), else F.linear.
+        base_logits = packed_linear.linear(target.norm(hidden).to(weight.dtype), weight, bias).float()
         logits = base_logits if previous_ids is None else base_logits + self.markov_correction(previous_ids).float()
         return LongSparkDrafterOutput(logits=logits, base_logits=base_logits)
 

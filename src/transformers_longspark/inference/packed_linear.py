@@ -9,7 +9,8 @@ over weights reordered once (`torch.ops.mkldnn._reorder_linear_weight`) read eac
 sgemm's packing is amortised and the stock path is as fast, so it runs unchanged.
 
 `packed_linear_weights(*models)` routes the `nn.Linear` layers of `models` through packed weights for this thread,
-for the duration of the block (`fast_verification` opens it for the target). Forwards from other threads, forwards
+for the duration of the block (`fast_verification` opens it for the target); `linear` is the same for a bare weight
+(the drafter's output head, which runs inside that block). Forwards from other threads, forwards
 that need gradients, non-CPU weights and dtypes oneDNN cannot pack here take `F.linear` unchanged. A packed weight
 is kept for its layer between blocks (packing SmolLM2-135M takes ~1.5 s), so the weights are held twice, once in
 oneDNN's layout; `release_packed_weights(model)` frees the copies. A weight replaced or modified in place (a training
@@ -40,41 +41,65 @@ class _ThreadState(threading.local):
 _thread = _ThreadState()
 _routed: dict[int, int] = {}  # id(layer) -> open blocks (all threads) routing its forward
 _lock = threading.Lock()
-# layer -> ((what its weight was when packed), packed weight or None); outside the layer, so that copying, pickling
-# or saving a model never meets a oneDNN tensor.
-_packed: weakref.WeakKeyDictionary[nn.Linear, tuple[tuple, torch.Tensor | None]] = weakref.WeakKeyDictionary()
+_ONEDNN = torch.backends.mkldnn.is_available()
+# id(weight) -> (a weak reference to it, (its storage and version when packed), packed weight or None); outside the
+# modules, so that copying, pickling or saving a model never meets a oneDNN tensor. An entry goes with its weight.
+# (Keyed by id: tensors compare elementwise, so they cannot be the keys of a WeakKeyDictionary.)
+_packed: dict[int, tuple[weakref.ref, tuple, torch.Tensor | None]] = {}
 
 
-def _packed_weight(layer: nn.Linear) -> torch.Tensor | None:
-    """`layer`'s weight in oneDNN's layout (packed on first use, again after the weight changes), or `None` where it
-    cannot be packed (the build or CPU lacks the kernel for its dtype)."""
-    weight = layer.weight
+def _packed_weight(weight: torch.Tensor) -> torch.Tensor | None:
+    """`weight` in oneDNN's layout (packed on first use, again after it changes in place), or `None` where it cannot
+    be packed (the build or CPU lacks the kernel for its dtype)."""
     # Inference-mode tensors keep no version counter, and cannot be modified in place outside inference mode.
     version = -1 if weight.is_inference() else weight._version
-    key = (weight.data_ptr(), version, weight.dtype, tuple(weight.shape))
-    cached = _packed.get(layer)
-    if cached is None or cached[0] != key:
+    key = (weight.data_ptr(), version)
+    cached = _packed.get(id(weight))
+    if cached is None or cached[0]() is not weight or cached[1] != key:
         try:
             packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
         except RuntimeError:  # e.g. bf16 without AVX-512 / AVX-NE-CONVERT
             packed = None
-        cached = _packed[layer] = (key, packed)
-    return cached[1]
+        ident = id(weight)
+        reference = weakref.ref(weight, lambda _, ident=ident: _forget(ident))
+        cached = _packed[ident] = (reference, key, packed)
+    return cached[2]
+
+
+def _forget(ident: int) -> None:
+    entry = _packed.get(ident)
+    if entry is not None and entry[0]() is None:
+        del _packed[ident]
+
+
+def packed_copy(weight: torch.Tensor) -> torch.Tensor | None:
+    """The packed copy kept for `weight`, or `None` (never packed, released, or not packable)."""
+    entry = _packed.get(id(weight))
+    return entry[2] if entry is not None and entry[0]() is weight else None
+
+
+def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(input, weight, bias)`, from `weight` packed once when this thread is inside a `packed_linear_weights`
+    block and the forward is one the packed kernel serves: CPU, a packable dtype, at most `MAX_PACKED_ROWS` rows, no
+    gradient. `weight` `(out, in)`, `input` `(..., in)`."""
+    few_rows = input.dim() >= 2 and input.numel() // input.shape[-1] <= MAX_PACKED_ROWS
+    needs_grad = torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad)
+    on_cpu = _ONEDNN and weight.device.type == "cpu"
+    packable = on_cpu and weight.dtype in _PACKABLE_DTYPES and input.dtype == weight.dtype
+    if _thread.depth and few_rows and not needs_grad and packable:
+        packed = _packed_weight(weight)
+        if packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(input, packed, bias, "none", [], "")
+    return F.linear(input, weight, bias)
 
 
 def _routed_forward(layer: nn.Linear, input: torch.Tensor) -> torch.Tensor:
-    """What a routed layer's `forward` runs: the packed kernel for few rows inside this thread's block, else stock."""
-    few_rows = input.dim() >= 2 and input.numel() // input.shape[-1] <= MAX_PACKED_ROWS
-    needs_grad = torch.is_grad_enabled() and (input.requires_grad or layer.weight.requires_grad)
-    if _thread.depth and few_rows and not needs_grad and input.dtype == layer.weight.dtype:
-        packed = _packed_weight(layer)
-        if packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(input, packed, layer.bias, "none", [], "")
-    return F.linear(input, layer.weight, layer.bias)
+    """What a routed layer's `forward` runs: `linear` with its weight and bias."""
+    return linear(input, layer.weight, layer.bias)
 
 
 def _packable_layers(models: tuple[nn.Module, ...]) -> list[nn.Linear]:
-    if not torch.backends.mkldnn.is_available():
+    if not _ONEDNN:
         return []
     layers = {id(m): m for model in models for m in model.modules() if type(m) is nn.Linear}
     return [m for m in layers.values() if m.weight.device.type == "cpu" and m.weight.dtype in _PACKABLE_DTYPES]
@@ -110,8 +135,10 @@ def packed_linear_weights(*models: nn.Module) -> Iterator[None]:
 
 def release_packed_weights(model: nn.Module) -> None:
     """Frees the packed copies of `model`'s linear weights (they are packed again on the next use)."""
-    for module in model.modules():
-        _packed.pop(module, None)
+    for weight in model.parameters():
+        entry = _packed.get(id(weight))
+        if entry is not None and entry[0]() is weight:
+            del _packed[id(weight)]
 
 
-__all__ = ["MAX_PACKED_ROWS", "packed_linear_weights", "release_packed_weights"]
+__all__ = ["MAX_PACKED_ROWS", "linear", "packed_copy", "packed_linear_weights", "release_packed_weights"]
