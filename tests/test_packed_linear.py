@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from transformers_longspark.inference import packed_linear
-from transformers_longspark.inference.packed_linear import (
+from transformers_longspark import packed_linear
+from transformers_longspark.packed_linear import (
     MAX_PACKED_ROWS,
     packed_copy,
     packed_linear_weights,

@@ -25,9 +25,9 @@ from transformers import initialization as init
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, apply_rotary_pos_emb, rotate_half
 from transformers.utils import ModelOutput
 
+from . import packed_linear
 from .configuration_longspark import LongSparkConfig
 from .context_state import DraftContext
-from .inference import packed_linear
 from .targets import TargetModules, target_modules
 
 # Default `assistant_confidence_threshold` of new drafters (0 always proposes whole blocks). On the shipped SmolLM2

@@ -42,7 +42,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .packed_linear import packed_linear_weights
+from ..packed_linear import packed_linear_weights
 
 ATTENTION_NAME = "longspark_verification"
 # Queries per forward up to which attention is computed on grouped heads; longer ones (prefill) use stock `sdpa`.

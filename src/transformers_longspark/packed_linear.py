@@ -48,22 +48,10 @@ _ONEDNN = torch.backends.mkldnn.is_available()
 _packed: dict[int, tuple[weakref.ref, tuple, torch.Tensor | None]] = {}
 
 
-def _packed_weight(weight: torch.Tensor) -> torch.Tensor | None:
-    """`weight` in oneDNN's layout (packed on first use, again after it changes in place), or `None` where it cannot
-    be packed (the build or CPU lacks the kernel for its dtype)."""
-    # Inference-mode tensors keep no version counter, and cannot be modified in place outside inference mode.
-    version = -1 if weight.is_inference() else weight._version
-    key = (weight.data_ptr(), version)
-    cached = _packed.get(id(weight))
-    if cached is None or cached[0]() is not weight or cached[1] != key:
-        try:
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
-        except RuntimeError:  # e.g. bf16 without AVX-512 / AVX-NE-CONVERT
-            packed = None
-        ident = id(weight)
-        reference = weakref.ref(weight, lambda _, ident=ident: _forget(ident))
-        cached = _packed[ident] = (reference, key, packed)
-    return cached[2]
+def _entry(weight: torch.Tensor) -> tuple[weakref.ref, tuple, torch.Tensor | None] | None:
+    """`weight`'s entry in `_packed`, if it has one (an id reused by a new tensor does not count)."""
+    entry = _packed.get(id(weight))
+    return entry if entry is not None and entry[0]() is weight else None
 
 
 def _forget(ident: int) -> None:
@@ -72,21 +60,46 @@ def _forget(ident: int) -> None:
         del _packed[ident]
 
 
+def _packed_weight(weight: torch.Tensor) -> torch.Tensor | None:
+    """`weight` in oneDNN's layout (packed on first use, again after it changes in place), or `None` where it cannot
+    be packed (the build or CPU lacks the kernel for its dtype)."""
+    # Inference-mode tensors keep no version counter, and cannot be modified in place outside inference mode.
+    version = -1 if weight.is_inference() else weight._version
+    key = (weight.data_ptr(), version)
+    entry = _entry(weight)
+    if entry is None or entry[1] != key:
+        try:
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+        except RuntimeError:  # e.g. bf16 without AVX-512 / AVX-NE-CONVERT
+            packed = None
+        ident = id(weight)
+        entry = _packed[ident] = (weakref.ref(weight, lambda _, ident=ident: _forget(ident)), key, packed)
+    return entry[2]
+
+
 def packed_copy(weight: torch.Tensor) -> torch.Tensor | None:
     """The packed copy kept for `weight`, or `None` (never packed, released, or not packable)."""
-    entry = _packed.get(id(weight))
-    return entry[2] if entry is not None and entry[0]() is weight else None
+    entry = _entry(weight)
+    return None if entry is None else entry[2]
+
+
+def _packable(weight: torch.Tensor) -> bool:
+    return _ONEDNN and weight.device.type == "cpu" and weight.dtype in _PACKABLE_DTYPES
 
 
 def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(input, weight, bias)`, from `weight` packed once when this thread is inside a `packed_linear_weights`
     block and the forward is one the packed kernel serves: CPU, a packable dtype, at most `MAX_PACKED_ROWS` rows, no
     gradient. `weight` `(out, in)`, `input` `(..., in)`."""
-    few_rows = input.dim() >= 2 and input.numel() // input.shape[-1] <= MAX_PACKED_ROWS
-    needs_grad = torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad)
-    on_cpu = _ONEDNN and weight.device.type == "cpu"
-    packable = on_cpu and weight.dtype in _PACKABLE_DTYPES and input.dtype == weight.dtype
-    if _thread.depth and few_rows and not needs_grad and packable:
+    if not _thread.depth:  # outside a block (training, other threads): nothing else to check
+        return F.linear(input, weight, bias)
+    if (
+        input.dim() >= 2
+        and input.numel() // input.shape[-1] <= MAX_PACKED_ROWS
+        and input.dtype == weight.dtype
+        and _packable(weight)
+        and not (torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad))
+    ):
         packed = _packed_weight(weight)
         if packed is not None:
             return torch.ops.mkldnn._linear_pointwise(input, packed, bias, "none", [], "")
@@ -99,10 +112,8 @@ def _routed_forward(layer: nn.Linear, input: torch.Tensor) -> torch.Tensor:
 
 
 def _packable_layers(models: tuple[nn.Module, ...]) -> list[nn.Linear]:
-    if not _ONEDNN:
-        return []
     layers = {id(m): m for model in models for m in model.modules() if type(m) is nn.Linear}
-    return [m for m in layers.values() if m.weight.device.type == "cpu" and m.weight.dtype in _PACKABLE_DTYPES]
+    return [m for m in layers.values() if _packable(m.weight)]
 
 
 @contextlib.contextmanager
@@ -136,8 +147,7 @@ def packed_linear_weights(*models: nn.Module) -> Iterator[None]:
 def release_packed_weights(model: nn.Module) -> None:
     """Frees the packed copies of `model`'s linear weights (they are packed again on the next use)."""
     for weight in model.parameters():
-        entry = _packed.get(id(weight))
-        if entry is not None and entry[0]() is weight:
+        if _entry(weight) is not None:
             del _packed[id(weight)]
 
 
