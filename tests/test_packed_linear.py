@@ -156,3 +156,16 @@ def test_a_bare_weight_is_packed_inside_a_block_only():
     assert packed_copy(weight) is not None
     del weight
     assert not any(reference() is None for reference, _, _ in packed_linear._packed.values())  # freed with it
+
+
+def test_fast_verification_without_packed_weights_keeps_f_linear():
+    from transformers_longspark.inference.verification import fast_verification
+
+    model = nn.Sequential(layer())
+    model.config = type("Config", (), {"_attn_implementation": "eager"})()
+    with torch.no_grad(), fast_verification(model, packed_weights=False):
+        assert "forward" not in model[0].__dict__
+        model(torch.randn(2, 24))
+    assert not was_packed(model[0])
+    with torch.no_grad(), fast_verification(model):
+        assert "forward" in model[0].__dict__

@@ -163,6 +163,9 @@ class LongSparkDrafterModel(LongSparkPreTrainedModel):
         # Verify with the grouped-head attention and reserved cache rows of `verification.py`; False keeps the target's
         # own attention and cache (the stock path, for comparison).
         self.fast_verification = True
+        # On that path, run the target's CPU linear layers and the output head from packed weights (`packed_linear.py`);
+        # False keeps `F.linear` (the path before them, for comparison).
+        self.packed_weights = True
         # Read by the generate hook as transformers reads an assistant's: `assistant_confidence_threshold` ends a block
         # at the first drafted token (after the first) whose draft probability is below it, and LongSpark's own
         # `block_confidence_threshold` (unset: 0) where the product of the block's draft probabilities falls below it

@@ -21,6 +21,7 @@ METHODS = (
     "longspark_every_round",
     "longspark_whole_blocks",
     "longspark_stock_verify",
+    "longspark_unpacked",
     "full_prefix",
 )
 # `longspark_lookup`: the drafter with the lookup source on (`drafting.lookup_settings`).

@@ -54,6 +54,9 @@ DRAFTER_METHODS: dict[str, dict[str, Any]] = {
     "longspark_every_round": {"draft_round_cost": 0.0, "verify_round_cost": 0.0, "verify_token_cost": 0.0},
     "longspark_whole_blocks": WHOLE_BLOCKS,
     "longspark_stock_verify": {"fast_verification": False, **WHOLE_BLOCKS},
+    # The fast path before its packed weights, with the cost model measured for it (the previous release).
+    "longspark_unpacked": {"packed_weights": False, "draft_round_cost": 0.4, "verify_round_cost": 0.45,
+                           "verify_token_cost": 0.08, "step_doubling_length": 12000},
     "full_prefix": {},
 }
 # Methods without a drafter that `generate` runs inside `fast_verification`, with a cache of reserved rows.
@@ -83,16 +86,19 @@ def drafter_method_settings(
 
 @contextlib.contextmanager
 def drafter_settings(drafter: LongSparkDrafterModel, settings: Mapping[str, Any]) -> Iterator[None]:
-    """Applies `settings` to `drafter` inside the block, then restores them: `fast_verification` (default True) and
-    any other key as a field of its `generation_config`."""
-    previous_fast = drafter.fast_verification
-    drafter.fast_verification = settings.get("fast_verification", True)
-    fields = {name: value for name, value in settings.items() if name != "fast_verification"}
+    """Applies `settings` to `drafter` inside the block, then restores them: its `fast_verification` and
+    `packed_weights` (default True), and any other key as a field of its `generation_config`."""
+    switches = ("fast_verification", "packed_weights")
+    previous = {name: getattr(drafter, name) for name in switches}
+    for name in switches:
+        setattr(drafter, name, settings.get(name, True))
+    fields = {name: value for name, value in settings.items() if name not in switches}
     try:
         with generation_config_fields(drafter, fields):
             yield
     finally:
-        drafter.fast_verification = previous_fast
+        for name, value in previous.items():
+            setattr(drafter, name, value)
 
 
 def _as_prompt(prompt: Any, tokenizer, index: int) -> dict[str, Any]:

@@ -21,6 +21,7 @@ METHOD_LABELS = {
     "longspark_every_round": "LongSpark (every round proposes)",
     "longspark_whole_blocks": "LongSpark (whole blocks)",
     "longspark_stock_verify": "LongSpark (stock verification, whole blocks)",
+    "longspark_unpacked": "LongSpark (fast path without packed weights, its cost model)",
     "full_prefix": "full-prefix drafter",
 }
 

@@ -174,7 +174,9 @@ def _assisted_decoding(self, input_ids, *args, assistant_model=None, **kwargs):
     # is interrupted (an exception or KeyboardInterrupt from a streamer or stopping criterion).
     opened = len(_open.generators)
     try:
-        with fast_verification(self, cache, max_length) if assistant_model.fast_verification else nullcontext():
+        fast = assistant_model.fast_verification
+        packed = assistant_model.packed_weights
+        with fast_verification(self, cache, max_length, packed) if fast else nullcontext():
             return decode(self, input_ids, *args, assistant_model=assistant_model, **kwargs)
     finally:
         while len(_open.generators) > opened:

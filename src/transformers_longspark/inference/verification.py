@@ -177,7 +177,7 @@ def reserve_cache_rows(cache: Cache, num_rows: int) -> None:
 
 @contextlib.contextmanager
 def fast_verification(
-    model: PreTrainedModel, cache: Cache | None = None, max_length: int | None = None
+    model: PreTrainedModel, cache: Cache | None = None, max_length: int | None = None, packed_weights: bool = True
 ) -> Iterator[None]:
     """Verifies with `grouped_verification_attention` (and appends into reserved cache rows) inside the block.
 
@@ -185,7 +185,8 @@ def fast_verification(
     flash attention or a kernel keeps its own. Only forwards from this thread take the fast path (see the module
     docstring); the last block to exit, in any thread, restores the model's implementation, exceptions included.
     `cache` (still empty) gets `max_length` reserved rows per full-attention layer; it is not restored, as its layers
-    hold the rows. The model's CPU linear layers use packed weights (`packed_linear_weights`, which keeps them).
+    hold the rows. With `packed_weights`, the model's CPU linear layers use packed weights (`packed_linear_weights`,
+    which keeps them).
     """
     if cache is not None and max_length is not None:
         reserve_cache_rows(cache, max_length)
@@ -199,7 +200,7 @@ def fast_verification(
             config._attn_implementation = ATTENTION_NAME
     _thread.depth += 1
     try:
-        with packed_linear_weights(model):
+        with packed_linear_weights(model) if packed_weights else contextlib.nullcontext():
             yield
     finally:
         _thread.depth -= 1
