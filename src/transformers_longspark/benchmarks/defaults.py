@@ -22,6 +22,7 @@ METHODS = (
     "longspark_whole_blocks",
     "longspark_stock_verify",
     "longspark_unpacked",
+    "longspark_whole_lookup",
     "full_prefix",
 )
 # `longspark_lookup`: the drafter with the lookup source on (`drafting.lookup_settings`).

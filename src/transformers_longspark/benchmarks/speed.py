@@ -15,7 +15,8 @@ inside `fast_verification` with a `DynamicCache` reserved for the prompt and the
 
 Before and after. `longspark` runs as users get it: the fast verification path and the drafter's own generation
 config (confidence thresholds, lookup source). `longspark_no_lookup` forces the lookup source off and
-`longspark_lookup` on (`lookup_min_match` / `lookup_num_tokens`). `longspark_every_round` turns the cost model of the
+`longspark_lookup` on (`lookup_min_match` / `lookup_num_tokens`), and `longspark_whole_lookup` proposes every lookup
+continuation whole (`lookup_choose_length` False). `longspark_every_round` turns the cost model of the
 source choice off (`inference/planning.py`: every round proposes, none is a plain step). `longspark_whole_blocks`
 drafts whole blocks (thresholds 0), and `longspark_stock_verify` whole blocks on transformers' stock path (`sdpa`
 attention, concatenating cache): the path before both changes. `prompt_lookup_fast` runs stock prompt lookup inside
@@ -57,6 +58,8 @@ DRAFTER_METHODS: dict[str, dict[str, Any]] = {
     # The fast path before its packed weights, with the cost model measured for it (the previous release).
     "longspark_unpacked": {"packed_weights": False, "draft_round_cost": 0.4, "verify_round_cost": 0.45,
                            "verify_token_cost": 0.08, "step_doubling_length": 12000},
+    # Every lookup round proposes its whole continuation, not the prefix its past rounds make worth most (before).
+    "longspark_whole_lookup": {"lookup_choose_length": False},
     "full_prefix": {},
 }
 # Methods without a drafter that `generate` runs inside `fast_verification`, with a cache of reserved rows.

@@ -22,6 +22,7 @@ METHOD_LABELS = {
     "longspark_whole_blocks": "LongSpark (whole blocks)",
     "longspark_stock_verify": "LongSpark (stock verification, whole blocks)",
     "longspark_unpacked": "LongSpark (fast path without packed weights, its cost model)",
+    "longspark_whole_lookup": "LongSpark (whole lookup continuations)",
     "full_prefix": "full-prefix drafter",
 }
 

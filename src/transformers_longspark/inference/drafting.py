@@ -47,6 +47,8 @@ class DraftSettings:
             `assistant_confidence_threshold`, and LongSpark's `block_confidence_threshold`.
         lookup_min_match: shortest matched suffix that makes a request take the lookup continuation (0: lookup off).
         lookup_num_tokens: the most tokens of a lookup continuation.
+        lookup_choose_length: propose the prefix of a continuation that the request's past lookup rounds make worth
+            most (`RoundPlanner.lookup_length`); False: the whole continuation, every time.
         draft_round_cost / verify_round_cost / verify_token_cost / step_doubling_length: the cost model of the
             source choice (`planning.py`), in plain decoding steps of the target: one drafter round at a short
             prefix, what a verification forward of several tokens costs beyond a one-token step (fixed, and per
@@ -62,6 +64,7 @@ class DraftSettings:
     block_threshold: float = 0.0
     lookup_min_match: int = 0
     lookup_num_tokens: int = 0
+    lookup_choose_length: bool = True
     draft_round_cost: float = 0.0
     verify_round_cost: float = 0.0
     verify_token_cost: float = 0.0
@@ -81,6 +84,7 @@ class DraftSettings:
             block_threshold=getattr(config, "block_confidence_threshold", 0.0) or 0.0,
             lookup_min_match=min_match,
             lookup_num_tokens=(getattr(config, "lookup_num_tokens", None) or block_size) if min_match else 0,
+            lookup_choose_length=bool(getattr(config, "lookup_choose_length", True)),
             draft_round_cost=getattr(config, "draft_round_cost", 0.0) or 0.0,
             verify_round_cost=getattr(config, "verify_round_cost", 0.0) or 0.0,
             verify_token_cost=getattr(config, "verify_token_cost", 0.0) or 0.0,
@@ -117,7 +121,7 @@ class DraftSettings:
         costs = RoundCosts(
             self.draft_round_cost, self.verify_round_cost, self.verify_token_cost, self.step_doubling_length
         )
-        return RoundPlanner(costs, lookup)
+        return RoundPlanner(costs, lookup, choose_lookup_length=self.lookup_choose_length)
 
 
 @dataclass
@@ -299,7 +303,8 @@ def draft_tokens(
 def plan_round(requests: DraftRequests, settings: DraftSettings, planners: list[RoundPlanner]) -> RoundPlan:
     """Each request's source this round (`RoundPlanner.choose`): its lookup index is first extended with the
     request's tokens since the last round, and its continuation is a candidate when the matched suffix has at least
-    `settings.lookup_min_match` tokens."""
+    `settings.lookup_min_match` tokens; a round that takes it proposes the length its planner chose from past rounds
+    (`RoundPlanner.lookup_length`)."""
     sources, continuations = [], {}
     for r, planner in enumerate(planners):
         room, continuation, index = int(requests.room[r]), [], planner.lookup
@@ -310,7 +315,7 @@ def plan_round(requests: DraftRequests, settings: DraftSettings, planners: list[
             continuation = proposed if matched >= settings.lookup_min_match else []
         source = planner.choose(continuation, can_draft=room > 0, length=int(requests.lengths[r]))
         if source is Source.LOOKUP:
-            continuations[r] = continuation
+            continuations[r] = continuation[: planner.lookup_length(len(continuation))]
         sources.append(source)
     return RoundPlan(sources, continuations)
 

@@ -12,7 +12,13 @@ The confidence cuts (`drafting.draft_tokens`) apply the same trade to each posit
 while its chance of being accepted repays its share of the verification.
 
 `RoundPlanner` keeps, per request and source, the running means of the drafts proposed and accepted per verified
-round (`record`), and takes the source worth most (`choose`). A source passed over is probed again after 4, 8, 16
+round and of the rounds that rejected one (`record`), and takes the source worth most (`choose`). A lookup
+continuation's length is the planner's to choose too (`lookup_length`): its tokens are accepted one after another
+while they match, so from the source's continuation rate `a` (accepted / (accepted + rejections), the geometric
+estimate; a round that kept all it proposed says only that each token was kept) `k` tokens yield
+`E(k) = a + a^2 + ... + a^k`, and the `k` worth most is proposed. Under greedy decoding a repeated file keeps `a` near
+1 and the whole continuation is proposed; sampled at T=1 a copied token is kept with its target probability only,
+and a continuation of 1-3 tokens is worth more than one of 10. A source passed over is probed again after 4, 8, 16
 and then every 32 rounds, so that its means follow the text (a drafter that stops paying in prose may pay
 again in code). With all costs 0 (a GPU, where a verified token is almost free) a round never proposes nothing.
 
@@ -44,21 +50,40 @@ class Source(str, Enum):
     NONE = "none"  # no proposal: the round is one plain decoding step of the target
 
 
+def expected_accepted(rate: float, num_tokens: int) -> float:
+    """`a + a^2 + ... + a^k`: the drafts accepted of `k` proposed when each is kept with probability `a` while the
+    ones before it were."""
+    if rate >= 1.0:
+        return float(num_tokens)
+    return rate * (1.0 - rate**num_tokens) / (1.0 - rate)
+
+
 @dataclass
 class SourceRecord:
-    """Running means of one source's verified rounds for one request (`None`: never verified), and its probing."""
+    """Running means of one source's verified rounds for one request (`None`: never verified): drafts accepted and
+    proposed, and rounds that rejected a draft (`rejected`); and its probing."""
 
     accepted: float | None = None
     proposed: float | None = None
+    rejected: float = 0.0
     passed_over: int = 0
     probe_interval: int = FIRST_PROBE_INTERVAL
 
     def update(self, proposed: int, accepted: int) -> None:
+        rejected = float(accepted < proposed)
         if self.accepted is None:
-            self.accepted, self.proposed = float(accepted), float(proposed)
+            self.accepted, self.proposed, self.rejected = float(accepted), float(proposed), rejected
             return
         self.accepted += RUNNING_MEAN_WEIGHT * (accepted - self.accepted)
         self.proposed += RUNNING_MEAN_WEIGHT * (proposed - self.proposed)
+        self.rejected += RUNNING_MEAN_WEIGHT * (rejected - self.rejected)
+
+    @property
+    def continuation_rate(self) -> float:
+        """`a`, the chance that a draft is kept after the ones before it were: accepted / (accepted + rejections)."""
+        if self.accepted is None or self.accepted + self.rejected == 0.0:
+            return 0.0
+        return self.accepted / (self.accepted + self.rejected)
 
 
 @dataclass(frozen=True)
@@ -76,18 +101,30 @@ class RoundCosts:
         growth = 1.0 + length / self.step_doubling_length if self.step_doubling_length else 1.0
         return self.draft_round_cost / growth
 
-    def tokens_per_step(self, source: Source, record: SourceRecord, length: int, proposed: int | None = None) -> float:
-        """`(1 + E) / (1 + cost)` of a round from `source` at a prefix of `length` tokens; infinite while the source
-        is untried (try it first). `proposed`: this round's number of tokens where known (a lookup continuation), else
-        the running mean."""
-        if source is Source.NONE:
-            return 1.0
+    def verify_cost(self, proposed: float) -> float:
+        """What verifying `proposed` tokens costs beyond a plain step, in steps."""
+        return self.verify_round_cost + self.verify_token_cost * proposed
+
+    def drafter_value(self, record: SourceRecord, length: int) -> float:
+        """`(1 + E) / (1 + cost)` of a drafter round at a prefix of `length` tokens, from its running means;
+        infinite while it is untried (try it first)."""
         if record.accepted is None:
             return float("inf")
-        cost = self.verify_round_cost + self.verify_token_cost * (record.proposed if proposed is None else proposed)
-        if source is Source.DRAFTER:
-            cost += self.drafter_cost(length)
+        cost = self.verify_cost(record.proposed) + self.drafter_cost(length)
         return (1.0 + record.accepted) / (1.0 + cost)
+
+    def lookup_value(self, record: SourceRecord, available: int, fixed: bool = False) -> tuple[float, int]:
+        """`(tokens per step, k)`: the best of proposing the first `k <= available` tokens of a lookup continuation
+        (`fixed`: all of them), from the source's continuation rate (`expected_accepted`); the longest ties win (with
+        all costs 0 longer is never worse). While the source is untried: infinite, and the whole continuation."""
+        if record.accepted is None:
+            return float("inf"), available
+        rate, best = record.continuation_rate, (0.0, 0)
+        for k in range(available if fixed else 1, available + 1):
+            value = (1.0 + expected_accepted(rate, k)) / (1.0 + self.verify_cost(k))
+            if value >= best[0]:
+                best = (value, k)
+        return best
 
 
 @dataclass
@@ -97,20 +134,31 @@ class RoundPlanner:
     Attributes:
         costs: the cost model.
         lookup: the request's `SuffixIndex`, or `None` with the lookup source off.
+        choose_lookup_length: propose the best prefix of a lookup continuation (`lookup_length`), else all of it.
     """
 
     costs: RoundCosts
     lookup: SuffixIndex | None = None
+    choose_lookup_length: bool = True
     records: dict[Source, SourceRecord] = field(default_factory=lambda: {s: SourceRecord() for s in Source})
 
+    def lookup_length(self, available: int) -> int:
+        """How many of the `available` tokens of a lookup continuation to propose (`RoundCosts.lookup_value`)."""
+        if not self.choose_lookup_length or not available:
+            return available
+        return self.costs.lookup_value(self.records[Source.LOOKUP], available)[1]
+
     def choose(self, continuation: list[int], can_draft: bool, length: int = 0) -> Source:
-        """This round's source, among the lookup continuation (when `continuation` is non-empty), the drafter
-        (when `can_draft`) and no proposal, for a request of `length` tokens. Ties go to the first of that order."""
-        options = [Source.LOOKUP] if continuation else []
-        options += [Source.DRAFTER] if can_draft else []
-        # A lookup round's length is known before it runs; a drafted block's is estimated from past rounds.
-        proposed = {Source.LOOKUP: len(continuation), Source.DRAFTER: None}
-        values = {s: self.costs.tokens_per_step(s, self.records[s], length, proposed[s]) for s in options}
+        """This round's source, among the lookup continuation (when `continuation` is non-empty; worth its best
+        length, `lookup_length`), the drafter (when `can_draft`) and no proposal, for a request of `length` tokens.
+        Ties go to the first of that order."""
+        values = {}
+        if continuation:
+            fixed = not self.choose_lookup_length
+            values[Source.LOOKUP] = self.costs.lookup_value(self.records[Source.LOOKUP], len(continuation), fixed)[0]
+        if can_draft:
+            values[Source.DRAFTER] = self.costs.drafter_value(self.records[Source.DRAFTER], length)
+        options = list(values)
         values[Source.NONE] = 1.0
         best = max(values, key=values.get)  # the first of the largest: dicts keep the order above
         probe = None
@@ -165,4 +213,5 @@ __all__ = [
     "RoundPlanner",
     "Source",
     "SourceRecord",
+    "expected_accepted",
 ]
