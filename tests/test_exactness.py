@@ -193,8 +193,8 @@ def counted_choices(monkeypatch, drafter_accepted: float) -> list[Source]:
         planner.records[Source.DRAFTER] = SourceRecord(accepted=drafter_accepted, proposed=2.0)
         return planner
 
-    def recorded(self, continuation, can_draft, length=0):
-        choices.append(choose(self, continuation, can_draft, length))
+    def recorded(self, continuation, can_draft, length=0, matched=0):
+        choices.append(choose(self, continuation, can_draft, length, matched))
         return choices[-1]
 
     monkeypatch.setattr(DraftSettings, "new_planner", seeded)
@@ -245,8 +245,8 @@ def test_generate_law_when_past_rounds_choose_the_lookup_length(lookup_setup, mo
         planner.records[Source.DRAFTER] = SourceRecord(accepted=0.0, proposed=2.0, rejected=1.0)
         return planner
 
-    def recorded(self, available):
-        lengths.append((available, lookup_length(self, available)))
+    def recorded(self, available, matched=0):
+        lengths.append((available, lookup_length(self, available, matched)))
         return lengths[-1][1]
 
     monkeypatch.setattr(DraftSettings, "new_planner", seeded)

@@ -129,7 +129,7 @@ def test_the_lookup_length_is_the_one_worth_most(accepted, proposed):
     rate = planner.records[Source.LOOKUP].continuation_rate
     assert planner.lookup_length(10) == brute_force_best_length(costs, rate, 10)
     assert planner.lookup_length(0) == 0
-    value, length = costs.lookup_value(planner.records[Source.LOOKUP], 10)
+    value, length = costs.lookup_value(rate, 10)
     assert value == pytest.approx((1 + expected_accepted(rate, length)) / (1 + costs.verify_cost(length)))
 
 
@@ -176,3 +176,26 @@ def test_a_round_proposes_the_prefix_its_planner_chose():
     plan = plan_round(requests, settings, planners)
     assert plan.sources == [Source.LOOKUP] * 3
     assert plan.continuations == {0: [1, 2], 1: [1, 2, 3, 4, 5, 6, 1, 2], 2: [1, 2, 3, 4, 5, 6, 1, 2]}
+
+
+def test_each_matched_length_keeps_its_own_rate_mixed_with_the_pooled_one():
+    """Lookup rounds after 2-token matches that keep nothing and after 6-token matches that keep all: each length's
+    rate moves towards its own rounds (at most 4 of them count, against 2 for the pooled rate), and a length without
+    rounds of its own takes the pooled rate."""
+    costs = RoundCosts(verify_round_cost=0.05, verify_token_cost=0.09)
+    planner = RoundPlanner(costs)
+    assert planner.match_rate(3) is None  # untried source
+    for _ in range(6):
+        for matched, accepted in ((2, 0), (6, 10)):
+            assert planner.choose([5] * 10, can_draft=False, matched=matched) in (Source.LOOKUP, Source.NONE)
+            planner.lookup_match = matched  # as if taken (a probe)
+            planner.record(Source.LOOKUP, proposed=10, accepted=accepted)
+    pooled = planner.records[Source.LOOKUP].continuation_rate
+    assert planner.match_rate(4) == pytest.approx(pooled)
+    assert planner.match_rate(2) == pytest.approx((4 * 0.0 + 2 * pooled) / 6)
+    assert planner.match_rate(6) == pytest.approx((4 * 1.0 + 2 * pooled) / 6)
+    assert planner.lookup_length(10, matched=2) <= 2 < planner.lookup_length(10, matched=4)
+    assert planner.lookup_length(10, matched=6) == 10
+    assert planner.choose([5] * 10, can_draft=False, matched=6) is Source.LOOKUP and planner.lookup_match == 6
+    planner.records[Source.LOOKUP] = SourceRecord(accepted=0.0, proposed=10.0, rejected=1.0, rounds=12)
+    assert planner.choose([5] * 10, can_draft=False, matched=2) is Source.NONE and planner.lookup_match == 0

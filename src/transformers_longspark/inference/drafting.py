@@ -307,15 +307,15 @@ def plan_round(requests: DraftRequests, settings: DraftSettings, planners: list[
     (`RoundPlanner.lookup_length`)."""
     sources, continuations = [], {}
     for r, planner in enumerate(planners):
-        room, continuation, index = int(requests.room[r]), [], planner.lookup
+        room, continuation, matched, index = int(requests.room[r]), [], 0, planner.lookup
         if index is not None:
             row, length = int(requests.rows[r]), int(requests.lengths[r])
             index.extend(requests.sequences[row, index.offset + len(index) : length].tolist())
             proposed, matched = index.propose(min(settings.lookup_num_tokens, room))
             continuation = proposed if matched >= settings.lookup_min_match else []
-        source = planner.choose(continuation, can_draft=room > 0, length=int(requests.lengths[r]))
+        source = planner.choose(continuation, can_draft=room > 0, length=int(requests.lengths[r]), matched=matched)
         if source is Source.LOOKUP:
-            continuations[r] = continuation[: planner.lookup_length(len(continuation))]
+            continuations[r] = continuation[: planner.lookup_length(len(continuation), matched)]
         sources.append(source)
     return RoundPlan(sources, continuations)
 
