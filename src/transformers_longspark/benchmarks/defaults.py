@@ -26,7 +26,7 @@ METHODS = (
     "full_prefix",
 )
 # `longspark_lookup`: the drafter with the lookup source on (`drafting.lookup_settings`).
-DEFAULT_LOOKUP_MIN_MATCH = 3
+DEFAULT_LOOKUP_MIN_MATCH = 2
 DEFAULT_LOOKUP_NUM_TOKENS = 10
 
 # prompts.py
