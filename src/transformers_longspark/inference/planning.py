@@ -168,12 +168,14 @@ class RoundPlanner:
             weight + POOLED_RATE_ROUNDS
         )
 
+    def lookup_plan(self, available: int, matched: int = 0) -> tuple[float, int]:
+        """`(tokens per step, k)` of proposing `k` of the `available` tokens of a continuation after a `matched`-token
+        suffix (`RoundCosts.lookup_value`; all of them with `choose_lookup_length` off)."""
+        return self.costs.lookup_value(self.match_rate(matched), available, fixed=not self.choose_lookup_length)
+
     def lookup_length(self, available: int, matched: int = 0) -> int:
-        """How many of the `available` tokens of a continuation after a `matched`-token suffix to propose
-        (`RoundCosts.lookup_value`)."""
-        if not self.choose_lookup_length or not available:
-            return available
-        return self.costs.lookup_value(self.match_rate(matched), available)[1]
+        """How many of the `available` tokens of a continuation after a `matched`-token suffix to propose."""
+        return self.lookup_plan(available, matched)[1]
 
     def choose(self, continuation: list[int], can_draft: bool, length: int = 0, matched: int = 0) -> Source:
         """This round's source, among the lookup continuation (when `continuation` is non-empty: the tokens after a
@@ -181,8 +183,7 @@ class RoundPlanner:
         proposal, for a request of `length` tokens. Ties go to the first of that order."""
         values = {}
         if continuation:
-            fixed = not self.choose_lookup_length
-            values[Source.LOOKUP] = self.costs.lookup_value(self.match_rate(matched), len(continuation), fixed)[0]
+            values[Source.LOOKUP] = self.lookup_plan(len(continuation), matched)[0]
         if can_draft:
             values[Source.DRAFTER] = self.costs.drafter_value(self.records[Source.DRAFTER], length)
         options = list(values)
