@@ -157,7 +157,8 @@ def _add_speed_arguments(parser: argparse.ArgumentParser) -> None:
         "--lookup-num-tokens); longspark_whole_blocks drafts whole blocks (threshold 0); longspark_stock_verify drafts "
         "whole blocks on transformers' stock path (the path before both); longspark_unpacked is the fast path without "
         "its packed CPU weights, with the cost model measured for it (before them); longspark_whole_lookup proposes "
-        "whole lookup continuations (not the prefix its past rounds make worth most); prompt_lookup_fast is prompt "
+        "whole lookup continuations (not the prefix its past rounds make worth most), longspark_previous_lookup "
+        "also from 3-token matches (the release before); prompt_lookup_fast is prompt "
         "lookup on the fast path",
     )
     parser.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per generate call")

@@ -23,6 +23,7 @@ METHODS = (
     "longspark_stock_verify",
     "longspark_unpacked",
     "longspark_whole_lookup",
+    "longspark_previous_lookup",
     "full_prefix",
 )
 # `longspark_lookup`: the drafter with the lookup source on (`drafting.lookup_settings`).

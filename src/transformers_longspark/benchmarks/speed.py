@@ -60,6 +60,8 @@ DRAFTER_METHODS: dict[str, dict[str, Any]] = {
                            "verify_token_cost": 0.08, "step_doubling_length": 12000},
     # Every lookup round proposes its whole continuation, not the prefix its past rounds make worth most (before).
     "longspark_whole_lookup": {"lookup_choose_length": False},
+    # The lookup source of the previous release: 3-token matches, whole continuations.
+    "longspark_previous_lookup": {"lookup_min_match": 3, "lookup_choose_length": False},
     "full_prefix": {},
 }
 # Methods without a drafter that `generate` runs inside `fast_verification`, with a cache of reserved rows.

@@ -23,6 +23,7 @@ METHOD_LABELS = {
     "longspark_stock_verify": "LongSpark (stock verification, whole blocks)",
     "longspark_unpacked": "LongSpark (fast path without packed weights, its cost model)",
     "longspark_whole_lookup": "LongSpark (whole lookup continuations)",
+    "longspark_previous_lookup": "LongSpark (previous lookup: 3-token matches, whole continuations)",
     "full_prefix": "full-prefix drafter",
 }
 
