@@ -169,3 +169,31 @@ def test_fast_verification_without_packed_weights_keeps_f_linear():
     assert not was_packed(model[0])
     with torch.no_grad(), fast_verification(model):
         assert "forward" in model[0].__dict__
+
+
+def test_generate_runs_the_drafters_linear_layers_from_packed_weights_too():
+    """Inside assisted `generate` the drafter's few-row forwards (7 block slots) read packed weights, as the target's
+    verification does; afterwards both models' layers are restored. Greedy output is plain generate's."""
+    from helpers import make_drafter, make_target
+
+    target = make_target("qwen3")
+    drafter = make_drafter(target)
+    routed = []
+    original = packed_linear._routed_forward
+
+    def spy(layer, input):
+        routed.append(layer)
+        return original(layer, input)
+
+    drafter_layers = {id(m) for m in drafter.modules() if type(m) is nn.Linear}
+    prompt = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(0))
+    plain = target.generate(prompt, max_new_tokens=12, do_sample=False)
+    packed_linear._routed_forward = spy
+    try:
+        assisted = target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=drafter)
+    finally:
+        packed_linear._routed_forward = original
+    assert torch.equal(assisted, plain)
+    assert drafter_layers <= {id(layer) for layer in routed}  # every drafter linear layer ran packed
+    assert all(was_packed(m) for m in drafter.modules() if type(m) is nn.Linear)
+    assert not any("forward" in m.__dict__ for model in (target, drafter) for m in model.modules())

@@ -94,6 +94,29 @@ def test_the_grouped_attention_never_materialises_repeated_keys_or_values():
     torch.testing.assert_close(unmasked, out)  # None means bottom-right causal, as the mask above
 
 
+def test_the_grouped_attention_masks_padded_prefixes_and_block_corners_like_sdpa():
+    """A mask that attends to the whole prefix is applied to the block's corner only; one that hides prefix columns
+    (left padding, a window) to every column. Both equal SDPA, and a query that sees nothing gets zeros."""
+    g = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(2, 6, 5, 16, generator=g), torch.randn(2, 2, 40, 16, generator=g),
+                         torch.randn(2, 2, 40, 16, generator=g))  # fmt: skip
+    causal = torch.ones(2, 1, 5, 40, dtype=torch.bool).tril_(diagonal=35)
+    padded = causal.clone()
+    padded[1, :, :, :7] = False  # row 1 is left-padded by 7 columns
+    window = causal.clone()
+    window[:, :, 3:, :4] = False  # the last queries no longer see the first columns
+    empty = causal.clone()
+    empty[0, :, 2] = False  # a query that attends to nothing
+    module = torch.nn.Module()
+    for mask in (causal, padded, window, empty):
+        out, _ = grouped_verification_attention(module, query, key, value, mask, scaling=0.25)
+        reference = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=0.25,
+                                                                      enable_gqa=True).transpose(1, 2)  # fmt: skip
+        sees = mask.any(dim=-1)[:, 0]  # (b, k)
+        torch.testing.assert_close(out[sees], reference[sees])
+        assert torch.equal(out[~sees], torch.zeros_like(out[~sees]))
+
+
 def test_reserved_layer_matches_a_dynamic_layer_through_updates_and_crops():
     reserved, dynamic = ReservedDynamicLayer(capacity=6), DynamicLayer()
     g = torch.Generator().manual_seed(0)

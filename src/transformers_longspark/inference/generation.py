@@ -27,6 +27,7 @@ from transformers.generation.utils import GenerationMixin
 
 from ..context_state import DraftContext
 from ..modeling_longspark import LongSparkDrafterModel
+from ..packed_linear import packed_linear_weights
 from ..targets import check_target_compatible
 from .drafting import DraftRequests, DraftSettings, Proposal
 from .session import DraftSession
@@ -176,7 +177,10 @@ def _assisted_decoding(self, input_ids, *args, assistant_model=None, **kwargs):
     try:
         fast = assistant_model.fast_verification
         packed = assistant_model.packed_weights
-        with fast_verification(self, cache, max_length, packed) if fast else nullcontext():
+        with (
+            fast_verification(self, cache, max_length, packed) if fast else nullcontext(),
+            packed_linear_weights(assistant_model) if fast and packed else nullcontext(),
+        ):
             return decode(self, input_ids, *args, assistant_model=assistant_model, **kwargs)
     finally:
         while len(_open.generators) > opened:

@@ -78,19 +78,29 @@ def grouped_verification_attention(
                                       is_causal=is_causal, **kwargs)  # fmt: skip
     groups = num_heads // num_kv_heads
     scaling = head_dim**-0.5 if scaling is None else scaling
+    prefix = num_keys - num_queries  # cached rows before the block
     # Head h uses K/V head h // groups (as `repeat_kv`), so the group folds into the query axis: one plain matmul per
     # K/V head. (A separate group axis would broadcast K and V in `matmul`, which copies them `groups` times.)
-    grouped = query.reshape(batch, num_kv_heads, groups * num_queries, head_dim)  # copies only the k queries
-    scores = torch.matmul(grouped, key.transpose(-1, -2)).mul_(scaling)  # (b, h_kv, g * k, T)
+    grouped = (query * scaling).reshape(batch, num_kv_heads, groups * num_queries, head_dim)  # (b, h_kv, g * k, d)
+    scores = torch.matmul(grouped, key.transpose(-1, -2))  # (b, h_kv, g * k, T)
     by_group = scores.view(batch, num_kv_heads, groups, num_queries, num_keys)
-    if attention_mask is not None:
+    # Without left padding every query sees the whole prefix, so on CPU only the block's own `k x k` corner is
+    # masked: a fill over all `T` columns costs as much as the matmul there (twice as much at 8 queries and 8K rows).
+    # (On CUDA the fill is cheap, and the check would synchronise at every layer.)
+    sees_prefix = attention_mask is None or (
+        query.device.type == "cpu" and prefix > 0 and bool(attention_mask[..., :prefix].all())
+    )
+    if attention_mask is None:
+        if num_queries > 1:  # bottom-right causal: query i sees the prefix and block tokens 0..i
+            future = torch.ones(num_queries, num_queries, dtype=torch.bool, device=query.device).triu_(1)
+            by_group[..., prefix:].masked_fill_(future, float("-inf"))
+    elif sees_prefix:
+        by_group[..., prefix:].masked_fill_(~attention_mask[:, :, None, :, prefix:], float("-inf"))
+    else:
         by_group.masked_fill_(~attention_mask[:, :, None], float("-inf"))
-    elif num_queries > 1:  # bottom-right causal: query i sees the prefix and block tokens 0..i
-        future = torch.ones(num_queries, num_queries, dtype=torch.bool, device=query.device).triu_(1)
-        by_group[..., num_keys - num_queries :].masked_fill_(future, float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
     out = torch.matmul(probs, value)  # (b, h_kv, g * k, d)
-    if attention_mask is not None:
+    if not sees_prefix:
         # A query that may attend to nothing (a left-padding position of a batched prefill) gets zeros, as in `sdpa`,
         # not NaN: its K/V rows stay finite, so masking them later is enough.
         attends_to_nothing = ~attention_mask.any(dim=-1)[:, :, None, :, None]  # (b, 1, 1, k, 1)
