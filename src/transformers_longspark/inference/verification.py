@@ -9,7 +9,8 @@ drafter:
    whenever a mask is passed, on CUDA). `grouped_verification_attention` instead folds the query heads of each K/V
    group into the query-length axis, `(b, h, k, d) -> (b, h_kv, g * k, d)`, so each cached row is read once and
    nothing prefix-sized is written. The mask is the one `sdpa` gets (bottom-right causal over the block, with left
-   padding), broadcast over the group, never copied.
+   padding), broadcast over the group, never copied; on CPU, when every query sees the whole prefix (no left
+   padding), only the block's own `k x k` corner of the scores is filled.
 2. **The cache is concatenated.** `DynamicLayer.update` appends with `torch.cat`, copying each layer's whole cache
    at every forward. `ReservedDynamicLayer` appends into storage reserved for the whole generation, so a forward
    writes only its own new rows; cropping rejected rows only shortens the view.
