@@ -72,12 +72,17 @@ def shorten(text: str, max_lines: int) -> str:
     return "\n".join(lines[:max_lines] + more)
 
 
-def explain(speedup: float, tau: float, long_prefix: bool) -> str:
+def explain(speedup: float, tau: float, long_prefix: bool, plain_rounds: int = 0, rounds: int = 0) -> str:
     """One line on why LongSpark is faster or slower in this case, and where to read more."""
     if speedup < 0.97:
         return (f"LongSpark is slower here: {tau:.2f} tokens per round do not yet pay for drafting and verifying each "
                 f"block on this machine ({README_SECTION}).")  # fmt: skip
     pace = "faster" if speedup > 1.03 else "about as fast"
+    if rounds and plain_rounds > rounds / 2:
+        extra = round((tau - 1.0) * rounds)
+        return (f"LongSpark is {pace} here, but {plain_rounds} of its {rounds} rounds were plain decoding steps: on "
+                f"this answer neither source repays most rounds on this machine, and the {rounds - plain_rounds} "
+                f"rounds that proposed gained {extra} tokens ({README_SECTION}).")  # fmt: skip
     if long_prefix:
         return (f"LongSpark is {pace} here with {tau:.2f} tokens per round, much of it from its fast verification "
                 f"path (no cache copies at long prefixes), which plain generate can use too ({README_SECTION}).")
@@ -114,7 +119,7 @@ def compare(title: str, target, tokenizer, drafter, input_ids, max_new_tokens: i
                f"{stats.plain_rounds} plain steps where no source paid")  # fmt: skip
     print(f"accepted length tau: {tau:.2f}  ({new_tokens - 1} tokens after the first, {rounds} rounds: {sources})")
     print(f"tokens/s: plain generate {plain_speed:.1f}, LongSpark {longspark_speed:.1f}  (speedup {speedup:.2f}x)")
-    print(explain(speedup, tau, long_prefix))
+    print(explain(speedup, tau, long_prefix, stats.plain_rounds, rounds))
     return speedup
 
 
