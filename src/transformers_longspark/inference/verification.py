@@ -86,7 +86,7 @@ def grouped_verification_attention(
     scores = torch.matmul(grouped, key.transpose(-1, -2))  # (b, h_kv, g * k, T)
     by_group = scores.view(batch, num_kv_heads, groups, num_queries, num_keys)
     # Without left padding every query sees the whole prefix, so on CPU only the block's own `k x k` corner is
-    # masked: a fill over all `T` columns costs as much as the matmul there (twice as much at 8 queries and 8K rows).
+    # masked: a fill over all `T` columns costs about as much as the two matmuls there at 8 queries and 8K rows.
     # (On CUDA the fill is cheap, and the check would synchronise at every layer.)
     sees_prefix = attention_mask is None or (
         query.device.type == "cpu" and prefix > 0 and bool(attention_mask[..., :prefix].all())
