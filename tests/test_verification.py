@@ -169,8 +169,8 @@ def test_generate_switches_attention_only_inside_assisted_decoding(monkeypatch):
         calls.clear()
         assert torch.equal(target.generate(prompt, max_new_tokens=10, do_sample=False, assistant_model=drafter), plain)
         assert calls == []
-    finally:
-        AttentionInterface.register(ATTENTION_NAME, original)
+    finally:  # the registered dispatcher, not the kernel itself (other threads must keep finding stock `sdpa`)
+        AttentionInterface.register(ATTENTION_NAME, verification._this_threads_attention)
 
 
 def test_fast_verification_restores_the_model_and_keeps_other_attention_implementations():
@@ -195,3 +195,4 @@ def test_prompt_lookup_opts_in_and_stays_exact():
     assert torch.equal(plain, lookup)
     assert all(isinstance(layer, ReservedDynamicLayer) for layer in cache.layers)
     assert cache.layers[0].capacity == prompt.shape[1] + 26  # the reserve was enough: never reallocated
+
