@@ -195,4 +195,3 @@ def test_prompt_lookup_opts_in_and_stays_exact():
     assert torch.equal(plain, lookup)
     assert all(isinstance(layer, ReservedDynamicLayer) for layer in cache.layers)
     assert cache.layers[0].capacity == prompt.shape[1] + 26  # the reserve was enough: never reallocated
-
