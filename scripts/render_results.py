@@ -1,0 +1,158 @@
+"""Renders the speed tables of README.md and of the shipped drafter's model card from `longspark bench speed --json`
+reports, so that each figure is written in one place: the JSON of one benchmark run.
+
+    python scripts/render_results.py                      # re-render both from the reports README.md's marker names
+    python scripts/render_results.py results/A.json results/B.json   # switch both to these reports, then render
+    python scripts/render_results.py --check              # exit 1 if a file is not what its reports give
+
+README.md holds the table between `<!-- results:begin REPORT.json ... -->` and `<!-- results:end -->`; the marker
+names the reports. The model card (`src/transformers_longspark/drafters/NAME/README.md`, written by `longspark card`)
+gets its "Measured" section re-rendered from the same reports, as `longspark card` writes it. `tests/test_docs.py`
+runs the check. Standard library only, apart from the model card's own table function.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+CARD = ROOT / "src" / "transformers_longspark" / "drafters" / "longspark-smollm2-135m-instruct" / "README.md"
+
+BEGIN = re.compile(r"<!-- results:begin(?P<reports>[^>]*)-->\n")
+END = "<!-- results:end -->"
+PLAIN_METHODS = ("plain", "plain_fast", "plain_static")
+MODES = {"greedy": "greedy", "sampled": "T=1"}
+PLAIN_LABELS = {"plain": "plain", "plain_fast": "fast path", "plain_static": "static cache"}
+
+
+def read_report(path: Path) -> dict[str, Any]:
+    report = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(report, dict) or report.get("benchmark") != "speed":
+        raise SystemExit(f"{path} is not a `longspark bench speed --json` report (its 'benchmark' field).")
+    return report
+
+
+def _workload(report: dict[str, Any], name: str) -> str:
+    prompts = report.get("workloads", {}).get(name, {}).get("prompts", [])
+    if not prompts:
+        return name
+    lengths = sorted(p["prompt_tokens"] for p in prompts)
+    tokens = f"{lengths[0]:,}" if lengths[0] == lengths[-1] else f"{lengths[0]:,}-{lengths[-1]:,}"
+    kind = "long code" if name == "long" else "short prompts" if name == "short" else name
+    return f"{kind} ({len(prompts)} held-out, {tokens} tokens)"
+
+
+def _tps(row: dict[str, Any] | None) -> str:
+    return "-" if row is None or row.get("decode_tokens_per_s") is None else f"{row['decode_tokens_per_s']:.1f}"
+
+
+def _ratio(value: float | None, bold: bool = False) -> str:
+    if value is None:
+        return "-"
+    text = f"{value:.2f}x"
+    return f"**{text}**" if bold and value > 1.0 else text
+
+
+def readme_table(reports: list[dict[str, Any]]) -> str:
+    """One row per workload and mode: decode tokens/s of each method, LongSpark's tau and its speed-ups."""
+    methods: list[str] = []
+    for report in reports:
+        for row in report["rows"]:
+            if row["method"] not in methods and row["method"] not in PLAIN_METHODS and row["method"] != "longspark":
+                methods.append(row["method"])
+    labels = {row["method"]: row["label"] for report in reports for row in report["rows"]}
+    header = ["workload", "mode", "plain `generate`", "best plain path", *(labels[m] for m in methods), "**LongSpark**",
+              "LongSpark tau", "LongSpark vs plain", "vs best plain", "identical to plain"]  # fmt: skip
+    lines = ["| " + " | ".join(header) + " |", "|---|---|" + "---:|" * (len(header) - 3) + "---|"]
+    for report in reports:
+        cases = dict.fromkeys((row["workload"], row["mode"]) for row in report["rows"])
+        for workload, mode in cases:
+            rows = {r["method"]: r for r in report["rows"] if (r["workload"], r["mode"]) == (workload, mode)}
+            ours = rows.get("longspark")
+            if ours is None:
+                raise SystemExit(f"{report.get('command')}: no `longspark` row for {workload} {mode}.")
+            best = rows.get(ours.get("best_plain_decode"))
+            best_cell = "-" if best is None else f"{_tps(best)} ({PLAIN_LABELS.get(best['method'], best['label'])})"
+            identical = {True: "yes", False: "**NO**"}.get(ours.get("greedy_identical"), "-")
+            cells = [_workload(report, workload), MODES.get(mode, mode), _tps(rows.get("plain")), best_cell,
+                     *(_tps(rows.get(m)) for m in methods), f"**{_tps(ours)}**", f"{ours['tau']:.2f}",
+                     _ratio(ours.get("decode_speedup"), bold=True),
+                     _ratio(ours.get("decode_speedup_vs_best_plain"), bold=True), identical]  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
+    machine = reports[0].get("machine", {})
+    lines += [
+        "",
+        "Decode tokens/s (the tokens after the first over the time after the prefill, which every method spends "
+        "alike); best plain path: the fastest plain decoding of the same run; tau: tokens per verification round, "
+        "plain steps included; identical: greedy outputs equal plain `generate`'s (sampled ones are exact in "
+        f"distribution). Measured on {machine.get('cpu', 'an unknown CPU')} ({machine.get('cpu_cores', '?')} cores, "
+        f"{machine.get('torch_threads', '?')} torch threads, {machine.get('device', 'cpu')}), torch "
+        f"{machine.get('torch', '?')}, transformers {machine.get('transformers', '?')}; every method interleaved "
+        "prompt by prompt in one run. Commands:",
+        "",
+        "```bash",
+        *(report.get("command", "longspark bench speed") for report in reports),
+        "```",
+    ]
+    return "\n".join(lines)
+
+
+def readme_reports(text: str) -> list[Path]:
+    match = BEGIN.search(text)
+    if match is None or END not in text[match.end() :]:
+        raise SystemExit(f"{README} has no `<!-- results:begin REPORT.json -->` ... `{END}` block.")
+    paths = [ROOT / p for p in match.group("reports").split()]
+    if not paths:
+        raise SystemExit(f"{README}'s results marker names no report.")
+    return paths
+
+
+def render_readme(text: str, paths: list[Path]) -> str:
+    match = BEGIN.search(text)
+    end = text.index(END, match.end())
+    names = " ".join(p.relative_to(ROOT).as_posix() for p in paths)
+    table = readme_table([read_report(p) for p in paths])
+    return f"{text[: match.start()]}<!-- results:begin {names} -->\n{table}\n{text[end:]}"
+
+
+def render_card(text: str, paths: list[Path]) -> str:
+    """The card's "Measured" section as `longspark card` writes it (`model_card.py`), from `paths`."""
+    from transformers_longspark.model_card import _machine, _results_table
+
+    reports = [read_report(p) for p in paths]
+    commands = "\n".join(report.get("command", "longspark bench") for report in reports)
+    section = f"{_results_table(reports)}\n\nMeasured with:\n\n```bash\n{commands}\n```\n\n{_machine(reports[0])}"
+    start, end = text.index("## Measured\n\n") + len("## Measured\n\n"), text.index("\n\n## Training")
+    return text[:start] + section + text[end:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("reports", nargs="*", type=Path, help="speed reports to render from (default: README's)")
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a file differs")
+    args = parser.parse_args(argv)
+    readme = README.read_text(encoding="utf-8")
+    paths = [p.resolve() for p in args.reports] or readme_reports(readme)
+    stale = []
+    for path, render in ((README, render_readme), (CARD, render_card)):
+        text = path.read_text(encoding="utf-8")
+        rendered = render(text, paths)
+        if rendered != text:
+            stale.append(path.relative_to(ROOT).as_posix())
+            if not args.check:
+                path.write_text(rendered, encoding="utf-8")
+    if args.check and stale:
+        print(f"Not rendered from their reports: {', '.join(stale)}; run python scripts/render_results.py")
+        return 1
+    print(("Rewrote: " + ", ".join(stale)) if stale and not args.check else "Up to date.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
