@@ -9,6 +9,7 @@ import torch
 from scipy.stats import chisquare
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from transformers.generation import utils as generation_utils
+from transformers.generation.logits_process import LogitsProcessor
 
 from transformers_longspark import LongSparkConfig, LongSparkDrafterModel  # also installs the generate() hook
 from transformers_longspark.training.run import TrainingConfig
@@ -85,6 +86,35 @@ def context_target(kind: str, seed: int = 2, vocab_size: int = 64):
 
 
 # --- generation --------------------------------------------------------------------------------------------------
+
+
+# A permutation of 64 token ids into 6-token cycles (60..63 go to 0): `FollowTheLastToken` makes a target walk them.
+CYCLE = torch.tensor([(t // 6) * 6 + (t + 1) % 6 if t < 60 else 0 for t in range(64)])
+
+
+class FollowTheLastToken(LogitsProcessor):
+    """Adds `boost` to `CYCLE[last token]` of each row: a logits processor that reads the recent sequence (not a set of
+    tokens, as the repetition penalty does), so a position processed with a stale prefix boosts another token. The
+    processed target walks 6-token cycles: its text repeats, and lookup continuations are accepted."""
+
+    def __init__(self, boost: float = 30.0):
+        self.boost = boost
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        scores = scores.clone()
+        scores[torch.arange(len(scores)), CYCLE[input_ids[:, -1]]] += self.boost
+        return scores
+
+
+def longest_earlier_match(tokens: list[int], min_ngram: int = 2, max_ngram: int = 6) -> tuple[int, int]:
+    """Brute force: the longest suffix of `tokens` (up to `max_ngram`) that occurred earlier with a token after it,
+    and where the latest such occurrence's continuation starts (`(0, -1)`: none of at least `min_ngram`)."""
+    for n in range(min(max_ngram, len(tokens) - 1), min_ngram - 1, -1):
+        suffix = tokens[len(tokens) - n :]
+        for end in range(len(tokens) - 1, n - 1, -1):  # the occurrence tokens[end - n : end] is followed by tokens[end]
+            if tokens[end - n : end] == suffix:
+                return n, end
+    return 0, -1
 
 
 def greedy_pair(target, drafter, prompt, **kwargs):
