@@ -2,7 +2,7 @@
 reports, so that each figure is written in one place: the JSON of one benchmark run.
 
     python scripts/render_results.py                      # re-render both from the reports README.md's marker names
-    python scripts/render_results.py results/A.json results/B.json   # switch both to these reports, then render
+    python scripts/render_results.py SHORT.json LONG.json   # switch both to these reports, then render
     python scripts/render_results.py --check              # exit 1 if a file is not what its reports give
 
 README.md holds the table between `<!-- results:begin REPORT.json ... -->` and `<!-- results:end -->`; the marker

@@ -130,7 +130,7 @@ def _training(training_configs: list[Path]) -> str:
         "drafter",
     )
     parts = [
-        "Distilled from the frozen target (SPEC section 4: loss `0.1 * CE + 0.9 * ||p - q||_1` with position "
+        "Distilled from the frozen target (the paper's Section 2.4: loss `0.1 * CE + 0.9 * ||p - q||_1` with position "
         "weights `exp(-(i-1)/4)`, where `p` is the target's own distribution at every position, so the text need "
         "not come from the target: regenerated responses and packed text corpora both teach it)"
         + (":" if len(training_configs) == 1 else f", in {len(training_configs)} stages:")
