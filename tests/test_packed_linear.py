@@ -197,3 +197,58 @@ def test_generate_runs_the_drafters_linear_layers_from_packed_weights_too():
     assert drafter_layers <= {id(layer) for layer in routed}  # every drafter linear layer ran packed
     assert all(was_packed(m) for m in drafter.modules() if type(m) is nn.Linear)
     assert not any("forward" in m.__dict__ for model in (target, drafter) for m in model.modules())
+
+
+# --- stale copies: storage swapped under the same Parameter, inference-mode weights --------------------------------
+
+
+@pytest.mark.parametrize("inference", [False, True], ids=["grad-mode", "inference-mode"])
+def test_storage_swapped_under_the_same_parameter_is_packed_again(inference):
+    """`w.data = t` keeps the Parameter (and its version counter) but not its storage: the next forward must use `t`.
+    The same for a weight created and swapped in inference mode (whose version is always -1)."""
+    with torch.inference_mode(inference):
+        module = layer()
+        x = torch.randn(3, 24)
+        with torch.no_grad(), packed_linear_weights(module):
+            module(x)
+            weight = module.weight
+            module.weight.data = torch.randn(40, 24)
+            assert module.weight is weight
+            out = module(x)
+    torch.testing.assert_close(out, torch.nn.functional.linear(x, module.weight, module.bias), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.xfail(strict=True, reason="src bug: an inference-mode weight modified in place (in inference mode) keeps "
+                   "its stale packed copy: `_packed_weight` keys it by (data_ptr, -1), which an in-place change keeps")
+def test_an_inference_mode_weight_changed_in_place_is_packed_again():
+    with torch.inference_mode():
+        module = layer()
+        x = torch.randn(3, 24)
+        with packed_linear_weights(module):
+            module(x)
+            module.weight.mul_(2.0)  # e.g. merging an adapter, or load_state_dict, under inference_mode
+            out = module(x)
+    torch.testing.assert_close(out, torch.nn.functional.linear(x, module.weight, module.bias), rtol=1e-5, atol=1e-5)
+
+
+# --- the comparison switch: `packed_weights = False` -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_packed_weights_off_keeps_every_linear_of_target_and_drafter_on_f_linear(batch_size):
+    """The "before" columns of the packed A/B tables set `drafter.packed_weights = False`: no linear layer of the
+    target or the drafter (nor the target's head, which the drafter runs through `linear`) may then be packed, in
+    transformers' loop or the batched one; with it on, all of them are."""
+    from helpers import make_drafter, make_target
+
+    target = make_target("qwen3")
+    drafter = make_drafter(target)
+    prompts = torch.randint(0, 64, (batch_size, 12), generator=torch.Generator().manual_seed(0))
+    weights = [m.weight for model in (target, drafter) for m in model.modules() if type(m) is nn.Linear]
+    for packed in (False, True):
+        for model in (target, drafter):
+            release_packed_weights(model)
+        drafter.packed_weights = packed
+        target.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=10, do_sample=False,
+                        assistant_model=drafter)  # fmt: skip
+        assert [packed_copy(w) is not None for w in weights] == [packed] * len(weights), packed
