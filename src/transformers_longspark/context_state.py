@@ -1,4 +1,5 @@
-"""The fixed-size context a LongSpark drafter reads from its target (SPEC section 2).
+"""The fixed-size context a LongSpark drafter reads from its target (the paper's Section 2.2, "Fixed-cost
+context interface").
 
 Three views per selected target layer:
 

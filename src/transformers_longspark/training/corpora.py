@@ -1,7 +1,7 @@
 """Training-data sources and their weighted mixture: regenerated chats and plain-text corpora packed into sequences.
 
-The loss targets are the frozen target's own distributions `p_i` at every position (SPEC section 4), so any text
-the target reads teaches the drafter, not only text the target wrote. A :class:`DataSource` is one of:
+The loss targets are the frozen target's own distributions `p_i` at every position (the paper's Section 2.4), so any
+text the target reads teaches the drafter, not only text the target wrote. A :class:`DataSource` is one of:
 
 * ``regenerated``: the JSONL records of ``longspark regenerate`` (``prompt_ids`` + ``response_ids``); anchors lie
   in the response.

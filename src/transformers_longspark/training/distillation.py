@@ -1,4 +1,5 @@
-"""One training example and the distillation loss (SPEC section 4).
+"""One training example and the distillation loss (the paper's Section 2.4, "Training and
+inference", and Appendix B.2).
 
 A training example is one regenerated chat (`Sequence`: the chat-templated prompt followed by the target's own
 response, as `longspark regenerate` writes it) and a sample of anchors `t` in its response; each anchor's block

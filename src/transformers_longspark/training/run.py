@@ -1,8 +1,8 @@
-"""A distillation run (SPEC section 4): its config, the drafter it trains, the optimiser and its cosine schedule,
-data order, checkpoints, evaluation and logs. What one training example is and how its loss is computed is in
-`distillation.py`.
+"""A distillation run (the paper's Section 2.4 and Appendix B.2): its config, the drafter it trains, the optimiser
+and its cosine schedule, data order, checkpoints, evaluation and logs. What one training example is and how its loss
+is computed is in `distillation.py`.
 
-Runs on one CPU as it is, and on many GPUs under `accelerate launch` (DDP; for FSDP see the README).
+Runs on one CPU as it is, and on many GPUs under `accelerate launch` (DDP; for FSDP see docs/training.md).
 """
 
 from __future__ import annotations
