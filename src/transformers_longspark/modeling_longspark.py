@@ -25,7 +25,6 @@ from transformers import initialization as init
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, apply_rotary_pos_emb, rotate_half
 from transformers.utils import ModelOutput
 
-from . import packed_linear
 from .configuration_longspark import LongSparkConfig
 from .context_state import DraftContext
 from .targets import TargetModules, target_modules
@@ -48,6 +47,15 @@ class LongSparkDrafterOutput(ModelOutput):
 
     logits: torch.Tensor | None = None
     base_logits: torch.Tensor | None = None
+
+
+def _contents_key(tensors: tuple[torch.Tensor | None, ...]) -> tuple:
+    """Identifies the current contents of `tensors`: each one's id, storage and version (inference-mode tensors keep
+    no version, and cannot be modified in place outside inference mode). The caller holds the tensors, so that their
+    ids are not reused."""
+    return tuple(
+        None if t is None else (id(t), t.data_ptr(), -1 if t.is_inference() else t._version) for t in tensors
+    )
 
 
 class LongSparkAttention(nn.Module):
@@ -158,7 +166,11 @@ class LongSparkDrafterModel(LongSparkPreTrainedModel):
             # Saved with the weights; filled by `with_draft_vocab` or `set_draft_vocab`.
             self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size))
         self._target: TargetModules | None = None
-        self._output_head: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        # The LM head over the drafter's output vocabulary (`output_head`), and what it was built from (held, so that
+        # their ids stay theirs). Kept in `__dict__`: not a submodule, never saved.
+        self.__dict__["_output_head"] = None
+        self._output_head_key: tuple | None = None
+        self._output_head_sources: tuple = ()
         self.drafting_stats = None  # a `DraftingStats`, set by each assisted `generate` call
         # Verify with the grouped-head attention and reserved cache rows of `verification.py`; False keeps the target's
         # own attention and cache (the stock path, for comparison).
@@ -166,6 +178,10 @@ class LongSparkDrafterModel(LongSparkPreTrainedModel):
         # On that path, run the target's CPU linear layers and the output head from packed weights (`packed_linear.py`);
         # False keeps `F.linear` (the path before them, for comparison).
         self.packed_weights = True
+        # The dtype of the drafter's linear layers and output head on that path: "auto" runs them in bfloat16 where the
+        # CPU has native bf16 kernels (`packed_linear.fast_dtype`), else in the drafter's dtype; or torch.float32 /
+        # torch.bfloat16. Exactness does not depend on it (the verifier reads the law the drafter produced).
+        self.linear_dtype: torch.dtype | str = "auto"
         # Read by the generate hook as transformers reads an assistant's: `assistant_confidence_threshold` ends a block
         # at the first drafted token (after the first) whose draft probability is below it, and LongSpark's own
         # `block_confidence_threshold` (unset: 0) where the product of the block's draft probabilities falls below it
@@ -182,13 +198,32 @@ class LongSparkDrafterModel(LongSparkPreTrainedModel):
         self._target = target if isinstance(target, TargetModules) else target_modules(target)
         self._bind_output_head()
 
+    @property
+    def output_head(self) -> nn.Linear:
+        """The target's LM head over the drafter's output vocabulary (`output_vocab_size` rows, frozen): the rows of
+        its draft vocabulary, or the target's whole head. Set by `bind_target`."""
+        if self._output_head is None:
+            self.target  # noqa: B018 (raises the error that says how to bind one)
+        return self._output_head
+
     def _bind_output_head(self) -> None:
         lm_head = self._target.lm_head
         weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
+        sources = (weight, bias, self.draft_vocab if self.config.draft_vocab_size is not None else None)
+        key = _contents_key(sources)
+        # Kept while the LM head and the draft vocabulary are unchanged: gathering the rows (and packing them for the
+        # fast path) costs more than a drafter round, so not once per `generate` call.
+        if self._output_head is not None and self._output_head_key == key:
+            return
         if self.config.draft_vocab_size is not None:
             rows = self.draft_vocab.to(weight.device)
             weight, bias = weight.detach()[rows], None if bias is None else bias.detach()[rows]  # frozen copies
-        self._output_head = (weight, bias)
+        head = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+        head.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)
+        if bias is not None:
+            head.bias = bias if isinstance(bias, nn.Parameter) else nn.Parameter(bias, requires_grad=False)
+        self.__dict__["_output_head"] = head
+        self._output_head_key, self._output_head_sources = key, sources
 
     def set_draft_vocab(self, token_ids: torch.LongTensor) -> None:
         """Sets the `draft_vocab_size` target token ids the drafter proposes (distinct, any order)."""
@@ -302,9 +337,8 @@ class LongSparkDrafterModel(LongSparkPreTrainedModel):
                 values.append(context.summary_values[j])
             hidden = layer(hidden, position_embeddings, keys, values, key_mask)
 
-        weight, bias = self._output_head
-        # Packed inside generate's fast verification block (a few rows over the draft vocabulary), else F.linear.
-        base_logits = packed_linear.linear(target.norm(hidden).to(weight.dtype), weight, bias).float()
+        head = self.output_head
+        base_logits = head(target.norm(hidden).to(head.weight.dtype)).float()
         logits = base_logits if previous_ids is None else base_logits + self.markov_correction(previous_ids).float()
         return LongSparkDrafterOutput(logits=logits, base_logits=base_logits)
 

@@ -16,6 +16,11 @@ is kept for its layer between blocks (packing SmolLM2-135M takes ~1.5 s), so the
 oneDNN's layout; `release_packed_weights(model)` frees the copies. A weight replaced or modified in place (a training
 step) is packed again. The results agree with `F.linear` up to float rounding (the summation order differs), as any
 two BLAS kernels do.
+
+A block may also run its layers in a lower precision (`dtype`, e.g. bfloat16 for the drafter on CPUs with native
+bf16 instructions, `fast_dtype`): the packed copy is then made in that dtype, inputs are cast to it and outputs back.
+The target's layers never are (its logits decide the output); the drafter's are, since the verifier divides by the
+law the drafter actually produced, so its precision moves its acceptance, never the output.
 """
 
 from __future__ import annotations
@@ -39,76 +44,96 @@ class _ThreadState(threading.local):
 
 
 _thread = _ThreadState()
-_routed: dict[int, int] = {}  # id(layer) -> open blocks (all threads) routing its forward
+_routed: dict[int, tuple[int, torch.dtype | None]] = {}  # id(layer) -> (open blocks routing it, compute dtype)
 _lock = threading.Lock()
 _ONEDNN = torch.backends.mkldnn.is_available()
-# id(weight) -> (a weak reference to it, (its storage and version when packed), packed weight or None); outside the
-# modules, so that copying, pickling or saving a model never meets a oneDNN tensor. An entry goes with its weight.
-# (Keyed by id: tensors compare elementwise, so they cannot be the keys of a WeakKeyDictionary.)
-_packed: dict[int, tuple[weakref.ref, tuple, torch.Tensor | None]] = {}
+# (id(weight), dtype) -> (a weak reference to the weight, (its storage and version when packed), packed copy in
+# `dtype` or None); outside the modules, so that copying, pickling or saving a model never meets a oneDNN tensor. An
+# entry goes with its weight. (Keyed by id: tensors compare elementwise, so they cannot be the keys of a
+# WeakKeyDictionary.)
+_packed: dict[tuple[int, torch.dtype], tuple[weakref.ref, tuple, torch.Tensor | None]] = {}
 
 
-def _entry(weight: torch.Tensor) -> tuple[weakref.ref, tuple, torch.Tensor | None] | None:
-    """`weight`'s entry in `_packed`, if it has one (an id reused by a new tensor does not count)."""
-    entry = _packed.get(id(weight))
+def _entry(weight: torch.Tensor, dtype: torch.dtype) -> tuple[weakref.ref, tuple, torch.Tensor | None] | None:
+    """`weight`'s entry in `_packed` for `dtype`, if it has one (an id reused by a new tensor does not count)."""
+    entry = _packed.get((id(weight), dtype))
     return entry if entry is not None and entry[0]() is weight else None
 
 
-def _forget(ident: int) -> None:
-    entry = _packed.get(ident)
+def _forget(key: tuple[int, torch.dtype]) -> None:
+    entry = _packed.get(key)
     if entry is not None and entry[0]() is None:
-        del _packed[ident]
+        del _packed[key]
 
 
-def _packed_weight(weight: torch.Tensor) -> torch.Tensor | None:
-    """`weight` in oneDNN's layout (packed on first use, again after it changes in place), or `None` where it cannot
-    be packed (the build or CPU lacks the kernel for its dtype)."""
+def _packed_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """`weight` in `dtype` and oneDNN's layout (packed on first use, again after it changes in place), or `None` where
+    it cannot be packed (the build or CPU lacks the kernel for that dtype)."""
     # Inference-mode tensors keep no version counter, and cannot be modified in place outside inference mode.
     version = -1 if weight.is_inference() else weight._version
-    key = (weight.data_ptr(), version)
-    entry = _entry(weight)
-    if entry is None or entry[1] != key:
+    state = (weight.data_ptr(), version)
+    entry = _entry(weight, dtype)
+    if entry is None or entry[1] != state:
         try:
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype), None)
         except RuntimeError:  # e.g. bf16 without AVX-512 / AVX-NE-CONVERT
             packed = None
-        ident = id(weight)
-        entry = _packed[ident] = (weakref.ref(weight, lambda _, ident=ident: _forget(ident)), key, packed)
+        key = (id(weight), dtype)
+        entry = _packed[key] = (weakref.ref(weight, lambda _, key=key: _forget(key)), state, packed)
     return entry[2]
 
 
-def packed_copy(weight: torch.Tensor) -> torch.Tensor | None:
-    """The packed copy kept for `weight`, or `None` (never packed, released, or not packable)."""
-    entry = _entry(weight)
+def packed_copy(weight: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor | None:
+    """The packed copy kept for `weight` in `dtype` (default: its own), or `None` (never packed, released, or not
+    packable)."""
+    entry = _entry(weight, dtype or weight.dtype)
     return None if entry is None else entry[2]
+
+
+def fast_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype in which a drafter whose weights are in `dtype` runs its linear layers fastest on this CPU: bfloat16
+    where oneDNN has native bf16 kernels (AVX-512 BF16 or AMX), else `dtype` (on AVX2-only CPUs bf16 is emulated and
+    slower than fp32)."""
+    if dtype == torch.float32 and _ONEDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return torch.bfloat16
+    return dtype
 
 
 def _packable(weight: torch.Tensor) -> bool:
     return _ONEDNN and weight.device.type == "cpu" and weight.dtype in _PACKABLE_DTYPES
 
 
-def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(
+    input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """`F.linear(input, weight, bias)`, from `weight` packed once when this thread is inside a `packed_linear_weights`
     block and the forward is one the packed kernel serves: CPU, a packable dtype, at most `MAX_PACKED_ROWS` rows, no
-    gradient. `weight` `(out, in)`, `input` `(..., in)`."""
+    gradient. `weight` `(out, in)`, `input` `(..., in)`. With `dtype` (a packable dtype other than the input's), the
+    product runs in `dtype` from a packed copy in that dtype, and the result is cast back to the input's dtype."""
     if not _thread.depth:  # outside a block (training, other threads): nothing else to check
         return F.linear(input, weight, bias)
+    compute = dtype or weight.dtype
     if (
         input.dim() >= 2
         and input.numel() // input.shape[-1] <= MAX_PACKED_ROWS
         and input.dtype == weight.dtype
+        and compute in _PACKABLE_DTYPES
         and _packable(weight)
         and not (torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad))
     ):
-        packed = _packed_weight(weight)
+        packed = _packed_weight(weight, compute)
         if packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(input, packed, bias, "none", [], "")
+            if compute == input.dtype:
+                return torch.ops.mkldnn._linear_pointwise(input, packed, bias, "none", [], "")
+            bias = None if bias is None else bias.to(compute)
+            out = torch.ops.mkldnn._linear_pointwise(input.to(compute), packed, bias, "none", [], "")
+            return out.to(input.dtype)
     return F.linear(input, weight, bias)
 
 
 def _routed_forward(layer: nn.Linear, input: torch.Tensor) -> torch.Tensor:
-    """What a routed layer's `forward` runs: `linear` with its weight and bias."""
-    return linear(input, layer.weight, layer.bias)
+    """What a routed layer's `forward` runs: `linear` with its weight, bias and its block's compute dtype."""
+    return linear(input, layer.weight, layer.bias, _routed[id(layer)][1])
 
 
 def _packable_layers(models: tuple[nn.Module, ...]) -> list[nn.Linear]:
@@ -117,19 +142,20 @@ def _packable_layers(models: tuple[nn.Module, ...]) -> list[nn.Linear]:
 
 
 @contextlib.contextmanager
-def packed_linear_weights(*models: nn.Module) -> Iterator[None]:
-    """Inside the block, this thread's few-row forwards of `models`' CPU `nn.Linear` layers use packed weights.
+def packed_linear_weights(*models: nn.Module, dtype: torch.dtype | None = None) -> Iterator[None]:
+    """Inside the block, this thread's few-row forwards of `models`' CPU `nn.Linear` layers use packed weights (in
+    `dtype`, when given: see the module docstring).
 
     Blocks nest and may be open in several threads at once; a layer's own `forward` is restored when the last block
-    routing it exits, exceptions included.
+    routing it exits, exceptions included. A layer routed by several open blocks keeps the first one's dtype.
     """
     layers = _packable_layers(models)
     with _lock:
         for layer in layers:
-            count = _routed.get(id(layer), 0)
+            count, routed_dtype = _routed.get(id(layer), (0, dtype))
             if count == 0:
                 layer.forward = _routed_forward.__get__(layer)
-            _routed[id(layer)] = count + 1
+            _routed[id(layer)] = (count + 1, routed_dtype)
     _thread.depth += 1
     try:
         yield
@@ -137,18 +163,42 @@ def packed_linear_weights(*models: nn.Module) -> Iterator[None]:
         _thread.depth -= 1
         with _lock:
             for layer in layers:
-                count = _routed.pop(id(layer)) - 1
-                if count:
-                    _routed[id(layer)] = count
+                count, routed_dtype = _routed.pop(id(layer))
+                if count > 1:
+                    _routed[id(layer)] = (count - 1, routed_dtype)
                 else:
                     del layer.forward  # back to `nn.Linear.forward`
 
 
-def release_packed_weights(model: nn.Module) -> None:
-    """Frees the packed copies of `model`'s linear weights (they are packed again on the next use)."""
-    for weight in model.parameters():
-        if _entry(weight) is not None:
-            del _packed[id(weight)]
+def drafter_linear_dtype(drafter: nn.Module) -> torch.dtype:
+    """The dtype of `drafter`'s linear layers on the fast path: its `linear_dtype` ("auto": `fast_dtype` of its own)."""
+    choice = getattr(drafter, "linear_dtype", "auto")
+    if choice == "auto":
+        return fast_dtype(drafter.dtype)
+    if choice not in _PACKABLE_DTYPES:
+        raise ValueError(f"drafter.linear_dtype must be 'auto', torch.float32 or torch.bfloat16, got {choice!r}.")
+    return choice
 
 
-__all__ = ["MAX_PACKED_ROWS", "linear", "packed_copy", "packed_linear_weights", "release_packed_weights"]
+def packed_drafter_weights(drafter: nn.Module) -> contextlib.AbstractContextManager[None]:
+    """`packed_linear_weights` for a bound drafter: its linear layers and output head, in `drafter_linear_dtype`."""
+    return packed_linear_weights(drafter, drafter.output_head, dtype=drafter_linear_dtype(drafter))
+
+
+def release_packed_weights(*models: nn.Module) -> None:
+    """Frees the packed copies of `models`' linear weights, in every dtype (they are packed again on the next use)."""
+    weights = {id(p) for model in models for p in model.parameters()}
+    for key in [key for key in _packed if key[0] in weights]:
+        del _packed[key]
+
+
+__all__ = [
+    "MAX_PACKED_ROWS",
+    "drafter_linear_dtype",
+    "fast_dtype",
+    "packed_drafter_weights",
+    "linear",
+    "packed_copy",
+    "packed_linear_weights",
+    "release_packed_weights",
+]

@@ -27,7 +27,7 @@ from transformers.generation.utils import GenerationMixin
 
 from ..context_state import DraftContext
 from ..modeling_longspark import LongSparkDrafterModel
-from ..packed_linear import packed_linear_weights
+from ..packed_linear import packed_drafter_weights
 from ..targets import check_target_compatible
 from .drafting import DraftRequests, DraftSettings, Proposal
 from .session import DraftSession
@@ -177,9 +177,11 @@ def _assisted_decoding(self, input_ids, *args, assistant_model=None, **kwargs):
     try:
         fast = assistant_model.fast_verification
         packed = assistant_model.packed_weights
+        if fast and packed:
+            assistant_model.bind_target(self)  # its output head is one of the layers to pack
         with (
             fast_verification(self, cache, max_length, packed) if fast else nullcontext(),
-            packed_linear_weights(assistant_model) if fast and packed else nullcontext(),
+            packed_drafter_weights(assistant_model) if fast and packed else nullcontext(),
         ):
             return decode(self, input_ids, *args, assistant_model=assistant_model, **kwargs)
     finally:
