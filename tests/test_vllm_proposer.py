@@ -5,7 +5,9 @@ computed tokens, the block table of one KV-cache group), `query_start_loc`, the 
 reference packer of `test_vllm.py`, rejected drafts' rows left in it as noise) and the step's hidden states. The
 drafts it returns for each request must equal the transformers path's for that request alone: the same target rows
 in a `DynamicCache`, the same boundary states, a `DraftSession`'s `read_context` + `propose` with a state (and,
-with lookup on, a lookup index) kept per request. What it cannot serve is refused by name.
+with lookup on, a lookup index) kept per request. What it cannot serve is refused by name. The hidden states the
+proposer's hooks compose from vLLM-style decoder layers (`(mlp output, residual)` pairs, buffers overwritten in place
+by the next layer) are checked against the transformers target's, without vLLM too.
 """
 
 from __future__ import annotations
@@ -371,3 +373,75 @@ def test_lookup_continuations_may_be_longer_than_drafted_blocks(tmp_path, monkey
     assert LongSparkProposer(fake_vllm_config(target.config, num_speculative=6)).num_tokens == 6
     with pytest.raises(ValueError, match=r"num_speculative_tokens=7, .* proposes at most 6 tokens \(blocks of 4"):
         LongSparkProposer(fake_vllm_config(target.config, num_speculative=7))
+
+
+# --- the hidden states as vLLM's decoder layers return them -----------------------------------------------------
+
+
+class VllmStyleLayer(torch.nn.Module):
+    """A transformers decoder layer behind vLLM's interface: `(positions, hidden_states, residual)` in, over the step's
+    flattened tokens `(num_tokens, hidden)`. With `split`, it returns `(mlp output, residual)`, whose sum is the
+    transformers hidden state, and the next layer's fused add-norm adds the pair into `residual` and writes the normed
+    input over `hidden_states`, both in place (vLLM's `fused_add_rms_norm`); else it returns the hidden state, and the
+    next layer reuses that buffer (overwrites it) once it has read it."""
+
+    def __init__(self, layer, rotary_emb, split: bool):
+        super().__init__()
+        self.layer, self.rotary_emb, self.split = layer, rotary_emb, split
+
+    def forward(self, positions, hidden_states, residual=None):
+        if self.split and residual is not None:
+            residual.add_(hidden_states)
+            hidden_states.zero_()  # stands for the normed input written in place
+            hidden_in = residual.clone()
+        else:
+            hidden_in = hidden_states.clone()
+            hidden_states.zero_()
+        x, position_ids = hidden_in[None], positions[None]
+        out = self.layer(x, position_ids=position_ids, position_embeddings=self.rotary_emb(x, position_ids))[0]
+        return (out - hidden_in, hidden_in) if self.split else out
+
+
+class VllmStyleModel(torch.nn.Module):
+    """What `LongSparkProposer.load_model` reads of vLLM's loaded target (`model.layers`, `model.embed_tokens`,
+    `model.norm`, `lm_head`), sharing a transformers target's weights; its layers are `VllmStyleLayer`s."""
+
+    def __init__(self, target, split: bool):
+        super().__init__()
+        self.split = split
+        self.model = torch.nn.Module()
+        self.model.embed_tokens, self.model.norm = target.model.embed_tokens, target.model.norm
+        layers = [VllmStyleLayer(layer, target.model.rotary_emb, split) for layer in target.model.layers]
+        self.model.layers = torch.nn.ModuleList(layers)
+        self.lm_head = target.lm_head
+
+    def forward(self, input_ids: torch.LongTensor) -> None:
+        positions = torch.arange(len(input_ids))
+        hidden, residual = self.model.embed_tokens(input_ids), None
+        for layer in self.model.layers:
+            if self.split:
+                hidden, residual = layer(positions, hidden, residual)
+            else:
+                hidden = layer(positions, hidden)
+        if self.split:  # the final norm's fused add, in place
+            residual.add_(hidden)
+        hidden.zero_()
+
+
+@pytest.mark.parametrize("split", [True, False], ids=["mlp-output-and-residual", "hidden-state"])
+def test_hidden_states_of_vllm_style_layers_are_the_transformers_ones(served, split):
+    """The proposer's hooks on vLLM-style layers (`load_model`) compose each selected layer's transformers hidden
+    state, and keep it although the next layers overwrite their inputs in place: a one-chunk prefill of request `a`
+    that samples, through the vLLM-style model's forward, gives the hidden states of the target alone, and the
+    proposer's drafts are the transformers path's."""
+    a = served.requests["a"]
+    model = VllmStyleModel(served.target, split)
+    runner = FakeRunner(served.proposer, model)
+    runner.load_model()
+    arguments, references = write_step(served.proposer, runner, served.target, served.drafter, [Scheduled(a, 0, 23, 23)])
+    _, hidden = run_target(served.target, served.proposer.layer_ids, a.tokens[:23])
+    with torch.inference_mode():
+        model(torch.tensor(a.tokens[:23]))  # the step's forward: its hooks replace the states write_step laid out
+    for captured, expected in zip(served.proposer.capture.states, hidden, strict=True):
+        torch.testing.assert_close(captured, expected, rtol=1e-5, atol=1e-5)
+    assert served.proposer.propose(*arguments) == [references[0].drafts]
