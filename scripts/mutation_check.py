@@ -4,6 +4,8 @@
 Copies `src/`, `tests/` and `pyproject.toml` to a temporary directory, runs every mutation's tests on the unmutated
 copy (they must pass), then applies each mutation below as an exact one-line textual substitution (failing loudly if
 its pattern no longer occurs exactly once) and requires its concept's tests to FAIL with an assertion, not a crash.
+Every pattern is checked to apply exactly once before anything runs (with `--only` too), and all broken ones are
+named at once; patterns are short and anchored on what the mutation changes, so that refactors around them keep them.
 The copy's `src` is put first on PYTHONPATH (and checked to be the package imported).
 
     python scripts/mutation_check.py [--only NAME ...] [--with-sampling] [--keep]
@@ -40,6 +42,14 @@ PACKED = ("tests/test_packed_linear.py",)
 NETWORK = ("tests/test_golden.py",)
 TRAINING = ("tests/test_training.py",)
 WARM_START = ("tests/test_warm_start.py",)
+# The wiring between units (issue 31): small end-to-end files, one concept each.
+PROCESSORS_ON_LOOKUP = ("tests/test_processors_with_lookup.py",)
+PLANNER_RECORDS = ("tests/test_planner_records.py",)
+LOOKUP_WIRING = ("tests/test_lookup_wiring.py",)
+TWO_THREADS = ("tests/test_two_speculative_threads.py",)
+CACHE_RESERVE = ("tests/test_cache_reserve.py",)
+EOS_CUT = ("tests/test_draft_eos_cut.py",)
+VLLM_FAKE_RUNNER = ("tests/test_vllm_proposer.py",)
 # The chi-square tests of test_generation check the verifier's law (independent of what the drafter sees); ~50 s.
 SLOW_TESTS = ["tests/test_generation.py::test_sampling_matches_the_exact_target_law",
               "tests/test_generation.py::test_chi_square_detects_a_broken_verifier"]  # fmt: skip
@@ -140,15 +150,88 @@ MUTATIONS = [
              "attention = grouped_verification_attention if _thread.depth else sdpa_attention_forward",
              "attention = grouped_verification_attention", RELIABILITY),
     Mutation("packed weights kept after the weight changes (a training step)", "packed_linear.py",
-             "if entry is None or entry[1] != key:", "if entry is None:", PACKED),
+             "if entry is None or entry[1] != ", "if entry is None or False and entry[1] != ", PACKED),
     Mutation("packed layers keep their routed forward after the block", "packed_linear.py",
              "del layer.forward  # back to `nn.Linear.forward`", "pass", PACKED),
     Mutation("the drafter's layers keep F.linear inside generate", "inference/generation.py",
-             "packed_linear_weights(assistant_model) if fast and packed else nullcontext(),", "nullcontext(),", PACKED),
+             "(assistant_model) if fast and packed else nullcontext()", "(assistant_model) if False else nullcontext()",
+             PACKED),
     Mutation("other threads' linear layers take the packed weights", "packed_linear.py",
              "if not _thread.depth:  # outside a block", "if False:  # outside a block", PACKED),
     Mutation("capture hooks record other threads' forwards", "targets.py",
              "if not any_thread and threading.get_ident() != owner:", "if threading.get_ident() == -1:", RELIABILITY),
+    # The wiring between units (issue 31). Logits processors that read the recent sequence, on lookup rounds.
+    Mutation("lookup tokens not written where the logits processors read them", "inference/drafting.py",
+             "sequences[rows[r], lengths[r] : lengths[r] + len(ids)] = ids", "pass", PROCESSORS_ON_LOOKUP),
+    Mutation("batched verification processes every position with the anchor's prefix", "inference/batched.py",
+             "self.row_ids, self.lengths + i, logits[:, i])", "self.row_ids, self.lengths, logits[:, i])",
+             PROCESSORS_ON_LOOKUP),
+    Mutation("rows of different lengths processed in one call, at the shortest length", "inference/drafting.py",
+             "if len(distinct) == 1 and len(rows) == len(sequences):", "if len(rows) == len(sequences):",
+             PROCESSORS_ON_LOOKUP),
+    # What the session tells each request's planner.
+    Mutation("the planner told that every proposed token was kept", "inference/session.py",
+             "planner.record(source, k, a)", "planner.record(source, k, k)", PLANNER_RECORDS),
+    Mutation("batch 1 tells the planner its proposal, not the drafts transformers kept", "inference/generation.py",
+             "[int(num_matches)]", "[int(self.proposal.num_drafted[0])]", PLANNER_RECORDS),
+    Mutation("a probed lookup round recorded under matched length 0", "inference/planning.py",
+             "matched if chosen is Source.LOOKUP else 0", "matched if best is Source.LOOKUP else 0", PLANNER_RECORDS),
+    Mutation("the batched loop counts the bonus token as a kept draft", "inference/batched.py",
+             "num_accepted.tolist(), self.planners", "(num_accepted + 1).tolist(), self.planners", PLANNER_RECORDS),
+    Mutation("the source choice is not told the matched length", "inference/drafting.py",
+             "length=int(requests.lengths[r]), matched=matched)", "length=int(requests.lengths[r]))", PLANNER_RECORDS),
+    Mutation("rows ending early leave the remaining rows the first planners", "inference/batched.py",
+             "[self.planners[row] for row in keep.tolist()]", "self.planners[: len(keep)]", PLANNER_RECORDS),
+    # Lookup lengths and matches end to end.
+    Mutation("lookup matches only its shortest suffix (the most recent short match wins)", "inference/drafting.py",
+             "max(self.lookup_min_match, LOOKUP_MAX_NGRAM)", "self.lookup_min_match", LOOKUP_WIRING),
+    Mutation("a lookup round's length chosen at the pooled rate, not its matched length's", "inference/drafting.py",
+             "planner.lookup_length(len(continuation), matched)", "planner.lookup_length(len(continuation))",
+             LOOKUP_WIRING),
+    Mutation("batched lookup continuations cut to the drafter's block", "inference/batched.py",
+             "self.block_size = self.settings.max_proposal_tokens", "self.block_size = self.settings.block_size",
+             PROCESSORS_ON_LOOKUP),
+    Mutation("batch-1 lookup continuations cut to the drafter's block", "inference/generation.py",
+             "min(self.session.settings.max_proposal_tokens,", "min(self.session.settings.block_size,",
+             PROCESSORS_ON_LOOKUP),
+    # Two speculative threads at once.
+    Mutation("one thread's call ending closes the other thread's hooks", "inference/generation.py",
+             "class _OpenGenerators(threading.local):", "class _OpenGenerators:", TWO_THREADS),
+    Mutation("one thread's call ending restores the attention under the other", "inference/verification.py",
+             "_switched[key] = (previous, count + 1)", "_switched[key] = (previous, 1)", TWO_THREADS),
+    Mutation("one thread's call ending unroutes the other's linear layers", "packed_linear.py",
+             "_routed[id(layer)] = (count + 1,", "_routed[id(layer)] = (1,", TWO_THREADS),
+    # The cache reserve.
+    Mutation("sliding-window and other layer types replaced by reserved layers", "inference/verification.py",
+             "type(layer) is DynamicLayer", "isinstance(layer, DynamicLayer)", CACHE_RESERVE),
+    Mutation("no rows reserved: every verification forward concatenates the cache", "inference/generation.py",
+             "fast_verification(self, cache, max_length, packed)", "fast_verification(self, cache, None, packed)",
+             CACHE_RESERVE),
+    Mutation("the batched reserve without its verification block", "inference/batched_checks.py",
+             "+ block_size + 1", "", CACHE_RESERVE),
+    Mutation("the batched reserve sized for the drafter's block, not the longest proposal", "inference/generation.py",
+             ".from_drafter(assistant_model).max_proposal_tokens)", ".from_drafter(assistant_model).block_size)",
+             CACHE_RESERVE),
+    # Comparison switches and stale packed copies.
+    Mutation("packed_weights = False still packs the target's layers", "inference/generation.py",
+             "fast_verification(self, cache, max_length, packed) if fast", "fast_verification(self, cache, max_length) "
+             "if fast", PACKED),
+    Mutation("packed_weights = False still packs the drafter's layers", "inference/generation.py",
+             "(assistant_model) if fast and packed else", "(assistant_model) if fast else", PACKED),
+    Mutation("fast_verification ignores packed_weights=False", "inference/verification.py",
+             "packed_linear_weights(model) if packed_weights else", "packed_linear_weights(model) if True else", PACKED),
+    Mutation("a packed copy outlives its weight's storage (w.data = t)", "packed_linear.py",
+             "(weight.data_ptr(), version)", "(id(weight), version)", PACKED),
+    # The drafting EOS cut.
+    Mutation("the drafting EOS cut reads draft-vocabulary columns, not target ids", "inference/drafting.py",
+             "~torch.isin(token, eos_token_ids", "~torch.isin(choice, eos_token_ids", EOS_CUT),
+    # vLLM's hidden states, through the fake runner.
+    Mutation("vLLM hidden state without its residual", "vllm/proposer.py",
+             "output[0] + output[1]", "output[0]", VLLM_FAKE_RUNNER),
+    Mutation("vLLM layers' outputs read as transformers'", "vllm/proposer.py",
+             "hidden_of=_vllm_hidden, ", "", VLLM_FAKE_RUNNER),
+    Mutation("vLLM plain layer output kept as a view the next layer overwrites", "vllm/proposer.py",
+             "else output.clone()", "else output", VLLM_FAKE_RUNNER),
     # The network (training and inference alike: only golden logits see it).
     Mutation("boundary fusion without its norm", "modeling_longspark.py",
              "boundary = self.boundary_norm(self.fuse_boundary(boundary))",
@@ -171,15 +254,31 @@ MUTATIONS = [
 ]  # fmt: skip
 
 
-def apply(mutation: Mutation, text: str) -> str:
-    """`text` with the one line containing `mutation.old` changed; raises if the pattern is not there exactly once."""
+def pattern_problem(mutation: Mutation, text: str) -> str | None:
+    """Why `mutation` cannot be applied to `text` (its pattern must occur exactly once, within one line), or None."""
     if "\n" in mutation.old or "\n" in mutation.new:
-        raise ValueError(f"{mutation.name}: a mutation must change one line")
+        return f"{mutation.name!r}: a mutation must change one line"
     count = text.count(mutation.old)
     if count != 1:
-        raise SystemExit(f"MUTATION PATTERN BROKEN: {mutation.name!r}: {mutation.old!r} occurs {count} times in "
-                         f"{PACKAGE / mutation.file} (expected exactly once); "
-                         "update scripts/mutation_check.py.")  # fmt: skip
+        return (f"{mutation.name!r}: {mutation.old!r} occurs {count} times in {PACKAGE / mutation.file} "
+                "(expected exactly once)")  # fmt: skip
+    return None
+
+
+def check_patterns(mutations: Sequence[Mutation], root: Path) -> None:
+    """Exits, naming every broken pattern at once, unless each mutation applies exactly once to the copy."""
+    problems = [p for m in mutations if (p := pattern_problem(m, (root / PACKAGE / m.file).read_text()))]
+    names = [m.name for m in mutations]
+    problems += [f"{name!r}: two mutations share this name" for name in sorted(set(names)) if names.count(name) > 1]
+    if problems:
+        raise SystemExit("MUTATION PATTERNS BROKEN (update scripts/mutation_check.py):\n  " + "\n  ".join(problems))
+
+
+def apply(mutation: Mutation, text: str) -> str:
+    """`text` with the one line containing `mutation.old` changed; raises if the pattern is not there exactly once."""
+    problem = pattern_problem(mutation, text)
+    if problem is not None:
+        raise SystemExit(f"MUTATION PATTERN BROKEN: {problem}; update scripts/mutation_check.py.")
     return text.replace(mutation.old, mutation.new)
 
 
@@ -243,9 +342,8 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="longspark-mutants-"))
     try:
         copy_repo(root)
+        check_patterns(MUTATIONS, root)  # every pattern (not only the selected ones) must match before anything runs
         originals = {m.file: (root / PACKAGE / m.file).read_text() for m in mutations}
-        for m in mutations:  # every pattern must match before anything runs
-            apply(m, originals[m.file])
         check_import_location(root)
 
         every_file = sorted({file for m in mutations for file in m.tests})
