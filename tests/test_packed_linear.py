@@ -245,6 +245,7 @@ def test_packed_weights_off_keeps_every_linear_of_target_and_drafter_on_f_linear
 
     target = make_target("qwen3")
     drafter = make_drafter(target)
+    drafter.bind_target(target)  # as a drafter that served a call before is
     prompts = torch.randint(0, 64, (batch_size, 12), generator=torch.Generator().manual_seed(0))
     weights = [m.weight for model in (target, drafter) for m in model.modules() if type(m) is nn.Linear]
     for packed in (False, True):
