@@ -219,9 +219,10 @@ MUTATIONS = [
     Mutation("packed_weights = False still packs the drafter's layers", "inference/generation.py",
              "(assistant_model) if fast and packed else", "(assistant_model) if fast else", PACKED),
     Mutation("fast_verification ignores packed_weights=False", "inference/verification.py",
-             "packed_linear_weights(model) if packed_weights else", "packed_linear_weights(model) if True else", PACKED),
+             "packed_linear_weights(model) if packed_weights else", "packed_linear_weights(model) if True else",
+             PACKED),
     Mutation("a packed copy outlives its weight's storage (w.data = t)", "packed_linear.py",
-             "(weight.data_ptr(), version)", "(id(weight), version)", PACKED),
+             "state = (weight.data_ptr(), weight._version)", "state = (id(weight), weight._version)", PACKED),
     # The drafting EOS cut.
     Mutation("the drafting EOS cut reads draft-vocabulary columns, not target ids", "inference/drafting.py",
              "~torch.isin(token, eos_token_ids", "~torch.isin(choice, eos_token_ids", EOS_CUT),

@@ -14,7 +14,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from helpers import make_drafter, make_target
-from transformers_longspark.inference import batched, verification
+from transformers_longspark.inference import verification
 from transformers_longspark.inference.verification import ReservedDynamicLayer
 
 LAYER_TYPES = ["full_attention", "sliding_attention", "full_attention", "full_attention"]
@@ -44,9 +44,6 @@ def test_only_plain_dynamic_layers_get_a_reserve(batch_size):
     assert kinds == [ReservedDynamicLayer, DynamicSlidingWindowLayer, ReservedDynamicLayer, OtherLayer], kinds
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="src bug: the batched loop's compaction "
-                   "(`compact_if_sparse`) rewrites every layer's keys and values but not a DynamicSlidingWindowLayer's "
-                   "`cumulative_length`, so the next forward's mask is wider than its keys")
 @pytest.mark.parametrize("fast", [True, False], ids=["fast", "stock"])
 def test_a_batched_call_on_a_target_with_a_sliding_window_layer_survives_compaction(fast):
     """The batched loop accepts a target with sliding-window layers whose window the batch cannot reach

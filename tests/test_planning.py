@@ -164,8 +164,8 @@ def test_a_round_proposes_the_prefix_its_planner_chose():
     are worth most), one whose rounds kept all (the whole continuation), and one with the choice off."""
     from transformers_longspark.inference.drafting import DraftRequests, DraftSettings, plan_round
 
-    settings = DraftSettings(block_size=4, lookup_min_match=3, lookup_num_tokens=8, verify_round_cost=0.05,
-                             verify_token_cost=0.09)  # fmt: skip
+    costs = RoundCosts(verify_round_cost=0.05, verify_token_cost=0.09)
+    settings = DraftSettings(block_size=4, lookup_min_match=3, lookup_num_tokens=8, costs=costs)
     sequences = torch.tensor([[1, 2, 3, 4, 5, 6] * 4 + [0] * 12] * 3)  # 24 tokens each, room for 12 more
     requests = DraftRequests(sequences, torch.arange(3), torch.full((3,), 24), torch.full((3,), 12))
     planners = [settings.new_planner() for _ in range(3)]
@@ -199,3 +199,42 @@ def test_each_matched_length_keeps_its_own_rate_mixed_with_the_pooled_one():
     assert planner.choose([5] * 10, can_draft=False, matched=6) is Source.LOOKUP and planner.lookup_match == 6
     planner.records[Source.LOOKUP] = SourceRecord(accepted=0.0, proposed=10.0, rejected=1.0, rounds=12)
     assert planner.choose([5] * 10, can_draft=False, matched=2) is Source.NONE and planner.lookup_match == 0
+
+
+# --- a batched round is planned as a whole -----------------------------------------------------------------------
+
+
+def test_a_batched_round_pays_only_when_its_rows_repay_the_widest_proposal():
+    """A batched verification pads every row to the widest proposal: one row with a long, well-kept lookup
+    continuation repays it; one whose drafts are rarely kept, beside rows that propose nothing, does not."""
+    from transformers_longspark.inference.planning import batch_round_pays
+
+    costs = RoundCosts(draft_round_cost=0.4, verify_round_cost=0.05, verify_token_cost=0.09)
+    kept, weak, idle = RoundPlanner(costs), RoundPlanner(costs), RoundPlanner(costs)
+    kept.record(Source.LOOKUP, proposed=8, accepted=8)
+    weak.record(Source.DRAFTER, proposed=4, accepted=0)
+    weak.record(Source.DRAFTER, proposed=4, accepted=1)
+    assert batch_round_pays([kept, idle], [Source.LOOKUP, Source.NONE], [8, 0], 100, costs)
+    assert not batch_round_pays([weak, idle, idle], [Source.DRAFTER, Source.NONE, Source.NONE], [4, 0, 0], 100, costs)
+    assert batch_round_pays([idle, idle], [Source.NONE, Source.NONE], [0, 0], 100, costs)
+    untried = RoundPlanner(costs)  # an untried source is worth trying
+    assert batch_round_pays([untried, idle], [Source.DRAFTER, Source.NONE], [4, 0], 100, costs)
+
+
+def test_a_batch_whose_proposals_do_not_pay_decodes_in_plain_batched_steps():
+    """With drafting priced far above what its blocks keep, every batched round after the first drafter rounds is a
+    plain step of the whole batch, and the output is plain batched `generate`'s."""
+    from helpers import make_drafter, make_target
+
+    target = make_target("qwen3")
+    drafter = make_drafter(target)
+    drafter.generation_config.draft_round_cost = 50.0
+    prompts = torch.randint(0, 64, (3, 10), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones_like(prompts)
+    plain = target.generate(prompts, attention_mask=mask, max_new_tokens=16, do_sample=False)
+    assisted = target.generate(prompts, attention_mask=mask, max_new_tokens=16, do_sample=False,
+                               assistant_model=drafter)  # fmt: skip
+    assert torch.equal(plain, assisted)
+    stats = drafter.drafting_stats
+    assert stats.drafter_rounds == 1  # the untried drafter once, then plain batched steps only
+    assert stats.plain_rounds == stats.rounds - 3

@@ -211,7 +211,7 @@ def lookup_drafter_dir(folder: Path) -> Path:
     the `NUM_SPECULATIVE` tokens vLLM verifies, so that both paths propose the same continuations, and its cost model
     off: vLLM reports no verification back to the proposer, which therefore proposes every round, as the
     transformers path then does."""
-    costs_off = dict(draft_round_cost=0.0, verify_round_cost=0.0, verify_token_cost=0.0)
+    costs_off = dict(calibrate_costs=False, draft_round_cost=0.0, verify_round_cost=0.0, verify_token_cost=0.0)
     return drafter_copy(folder, lookup_min_match=2, lookup_num_tokens=NUM_SPECULATIVE, **costs_off)
 
 

@@ -438,7 +438,8 @@ def test_hidden_states_of_vllm_style_layers_are_the_transformers_ones(served, sp
     model = VllmStyleModel(served.target, split)
     runner = FakeRunner(served.proposer, model)
     runner.load_model()
-    arguments, references = write_step(served.proposer, runner, served.target, served.drafter, [Scheduled(a, 0, 23, 23)])
+    scheduled = [Scheduled(a, 0, 23, 23)]
+    arguments, references = write_step(served.proposer, runner, served.target, served.drafter, scheduled)
     _, hidden = run_target(served.target, served.proposer.layer_ids, a.tokens[:23])
     with torch.inference_mode():
         model(torch.tensor(a.tokens[:23]))  # the step's forward: its hooks replace the states write_step laid out

@@ -1,4 +1,4 @@
-"""`longspark`: regenerate training data, train a drafter, benchmark it, write its model card, push it.
+"""`longspark`: regenerate training data, train a drafter, calibrate its costs, benchmark it, write its card, push it.
 
 Bad input (a missing file or folder, an unknown config field, an unreadable corpus, a drafter that does not match the
 target) ends with one line, `longspark: error: ...`, and exit status 2, before any model loads where the input is a
@@ -8,6 +8,7 @@ path; `--debug` or LONGSPARK_DEBUG=1 shows the traceback instead.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shlex
@@ -149,6 +150,35 @@ def _run_push(args: argparse.Namespace) -> None:
     print(push_drafter(args.drafter_dir, args.repo_id, private=args.private))
 
 
+def _add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", help="local path of the target model (default: the SmolLM2-135M demo target)")
+    parser.add_argument("--drafter", help="LongSpark drafter folder (default: the shipped SmolLM2 drafter)")
+    parser.add_argument(
+        "--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="dtype of the target's weights"
+    )
+    parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    parser.add_argument(
+        "--num-threads", type=int, help="torch CPU threads, as generate will run (a calibration is per thread count)"
+    )
+
+
+def _run_calibrate(args: argparse.Namespace) -> None:
+    if args.target:
+        require_folder(args.target, "Target", TARGET_FOLDER_FIX)
+    import torch
+
+    from .inference.calibration import calibrate_and_cache
+    from .loading import load_drafter, load_target
+
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    target, _ = load_target(args.target, getattr(torch, args.dtype), args.device)
+    drafter, _ = load_drafter(target, args.drafter)
+    calibration, path = calibrate_and_cache(target, drafter)
+    print(json.dumps(calibration.to_json(), indent=2))
+    print(f"Saved to {path}; generate() on this machine, target and thread count plans with these costs.")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `longspark` parser (it imports no torch: `--help` answers at once)."""
     parser = argparse.ArgumentParser(prog="longspark", description=__doc__)
@@ -156,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, add, run, help_text in [
         ("regenerate", add_regenerate_arguments, _run_regenerate, "regenerate responses with the frozen target"),
         ("train", _add_train_arguments, _run_train, "train a drafter (accelerate; resumable)"),
+        ("calibrate", _add_calibrate_arguments, _run_calibrate, "measure the round costs on this machine (cached)"),
         ("card", _add_card_arguments, _run_card, "write a model card from a benchmark report"),
         ("push", _add_push_arguments, _run_push, "upload a drafter folder to the Hugging Face Hub"),
     ]:

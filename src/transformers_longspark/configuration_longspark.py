@@ -61,7 +61,7 @@ class LongSparkConfig(PreTrainedConfig):
             of window + summary (the DFlash/DSpark-style context whose cost grows with the prefix).
         summary_chunk_size (`int`): rows folded into the summary per step at prefill (bounds the `m x T` scores).
         summary_key_positions (`str`): position the summary queries `U` carry as the drafter's attention KEYS.
-            `"none"` (default, SPEC section 3): `U` unrotated, so a block query's score `q . U` depends on the block's
+            `"none"` (default, paper Sec. 2.3): `U` unrotated, so a block query's score `q . U` depends on the block's
             absolute position (its RoPE), unexplored beyond the training lengths. `"block_start"`: `U` rotated by the
             target's RoPE at the block's first position `t`, so `q . U` depends only on the offset within the block.
             Either way the summary VALUES `S_t` are computed with unrotated `U` against the cached keys.

@@ -25,6 +25,15 @@ def looks_like_hub_id(name: str | os.PathLike) -> bool:
     return isinstance(name, str) and _HUB_ID.fullmatch(name) is not None and ".." not in name
 
 
+CACHE_ENV = "LONGSPARK_CACHE"
+
+
+def cache_root() -> Path:
+    """The package's cache folder (the de-quantized demo target, calibrations): ``$LONGSPARK_CACHE``, else
+    ``~/.cache/transformers-longspark``."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "transformers-longspark")
+
+
 TARGET_FOLDER_FIX = "pass a model folder saved with `save_pretrained`, a Hub id, or no target for the SmolLM2 demo."
 DRAFTER_FOLDER_FIX = (
     "pass a folder saved by `longspark train` (it holds config.json and model.safetensors), or no "

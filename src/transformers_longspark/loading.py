@@ -18,7 +18,7 @@ import torch
 
 from . import register
 from .configuration_longspark import LongSparkConfig
-from .files import DRAFTER_FOLDER_FIX, TARGET_FOLDER_FIX, require_folder
+from .files import CACHE_ENV, DRAFTER_FOLDER_FIX, TARGET_FOLDER_FIX, cache_root, require_folder
 from .modeling_longspark import LongSparkDrafterModel
 from .targets import check_target_compatible
 
@@ -35,14 +35,6 @@ def smollm2_gguf_dir() -> Path:
     if spec is None or spec.origin is None:
         raise ValueError(f"The demo target SmolLM2-135M-Instruct is not installed. Install it with `{INSTALL_HINT}`.")
     return Path(spec.origin).parent
-
-
-CACHE_ENV = "LONGSPARK_CACHE"
-
-
-def cache_root() -> Path:
-    """The package's cache folder: ``$LONGSPARK_CACHE``, else ``~/.cache/transformers-longspark``."""
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "transformers-longspark")
 
 
 def _cache_dir() -> Path:

@@ -1,4 +1,4 @@
-"""The LongSpark drafter network (SPEC section 3).
+"""The LongSpark drafter network (the paper's Section 2.3 and Appendix A.1).
 
 One forward serves training and inference: `B` block slots (the anchor token and `B - 1` masks) pass through `D`
 Qwen3-style layers; draft layer `j` attends, with one softmax and bidirectionally among the slots, to
@@ -31,7 +31,7 @@ from .targets import TargetModules, target_modules
 
 # Default `assistant_confidence_threshold` of new drafters (0 always proposes whole blocks). On the shipped SmolLM2
 # drafter, 0.3 keeps 99.6% of tau on chat and all of it on long code while proposing 2.6-3.1 tokens per round instead
-# of 6.5-6.8 (README, dynamic block length).
+# of 6.5-6.8 (docs/how-it-works.md, Dynamic block length).
 DEFAULT_CONFIDENCE_THRESHOLD = 0.3
 
 
@@ -49,13 +49,13 @@ class LongSparkDrafterOutput(ModelOutput):
     base_logits: torch.Tensor | None = None
 
 
-def _contents_key(tensors: tuple[torch.Tensor | None, ...]) -> tuple:
-    """Identifies the current contents of `tensors`: each one's id, storage and version (inference-mode tensors keep
-    no version, and cannot be modified in place outside inference mode). The caller holds the tensors, so that their
-    ids are not reused."""
-    return tuple(
-        None if t is None else (id(t), t.data_ptr(), -1 if t.is_inference() else t._version) for t in tensors
-    )
+def _contents_key(tensors: tuple[torch.Tensor | None, ...]) -> tuple | None:
+    """Identifies the current contents of `tensors`: each one's id, storage and version; `None` (never the same) when
+    one is an inference-mode tensor, which keeps no version. The caller holds the tensors, so that their ids are not
+    reused."""
+    if any(t is not None and t.is_inference() for t in tensors):
+        return None
+    return tuple(None if t is None else (id(t), t.data_ptr(), t._version) for t in tensors)
 
 
 class LongSparkAttention(nn.Module):
@@ -136,7 +136,7 @@ class LongSparkPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module):
         super()._init_weights(module)
         if isinstance(module, LongSparkDrafterModel):
-            # SPEC section 4: summary queries U ~ N(0, 1/d); the Markov correction starts neutral.
+            # The paper's Section 2.4: summary queries U ~ N(0, 1/d); the Markov correction starts neutral.
             init.normal_(module.summary_queries, mean=0.0, std=self.config.head_dim**-0.5)
             init.zeros_(module.markov_proj.weight)
 
@@ -213,7 +213,7 @@ class LongSparkDrafterModel(LongSparkPreTrainedModel):
         key = _contents_key(sources)
         # Kept while the LM head and the draft vocabulary are unchanged: gathering the rows (and packing them for the
         # fast path) costs more than a drafter round, so not once per `generate` call.
-        if self._output_head is not None and self._output_head_key == key:
+        if self._output_head is not None and key is not None and self._output_head_key == key:
             return
         if self.config.draft_vocab_size is not None:
             rows = self.draft_vocab.to(weight.device)

@@ -69,9 +69,7 @@ def _forget(key: tuple[int, torch.dtype]) -> None:
 def _packed_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
     """`weight` in `dtype` and oneDNN's layout (packed on first use, again after it changes in place), or `None` where
     it cannot be packed (the build or CPU lacks the kernel for that dtype)."""
-    # Inference-mode tensors keep no version counter, and cannot be modified in place outside inference mode.
-    version = -1 if weight.is_inference() else weight._version
-    state = (weight.data_ptr(), version)
+    state = (weight.data_ptr(), weight._version)
     entry = _entry(weight, dtype)
     if entry is None or entry[1] != state:
         try:
@@ -100,7 +98,9 @@ def fast_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _packable(weight: torch.Tensor) -> bool:
-    return _ONEDNN and weight.device.type == "cpu" and weight.dtype in _PACKABLE_DTYPES
+    # Inference-mode tensors keep no version counter, so a packed copy could not tell that one was modified in place
+    # (under `torch.inference_mode()`): they keep `F.linear`.
+    return _ONEDNN and weight.device.type == "cpu" and weight.dtype in _PACKABLE_DTYPES and not weight.is_inference()
 
 
 def linear(

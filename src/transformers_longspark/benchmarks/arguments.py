@@ -154,11 +154,10 @@ def _add_speed_arguments(parser: argparse.ArgumentParser) -> None:
         "attention), plain_static with transformers' static cache: speedups are also reported over the fastest plain "
         "path measured. longspark and full_prefix verify on the fast path with the drafter's own generation config; "
         "longspark_no_lookup forces its lookup source off, longspark_lookup on (--lookup-min-match, "
-        "--lookup-num-tokens); longspark_whole_blocks drafts whole blocks (threshold 0); longspark_stock_verify drafts "
-        "whole blocks on transformers' stock path (the path before both); longspark_unpacked is the fast path without "
-        "its packed CPU weights, with the cost model measured for it (before them); longspark_whole_lookup proposes "
-        "whole lookup continuations (not the prefix its past rounds make worth most), longspark_previous_lookup "
-        "also from 3-token matches (the release before); prompt_lookup_fast is prompt "
+        "--lookup-num-tokens); attribution: longspark_drafter_only (the drafter alone, every round drafts), "
+        "longspark_lookup_only (the drafter priced out), longspark_no_proposals (every round a plain step); "
+        "longspark_every_round turns the cost model off; longspark_whole_blocks drafts whole blocks (threshold 0); "
+        "longspark_stock_verify drafts whole blocks on transformers' stock path; prompt_lookup_fast is prompt "
         "lookup on the fast path",
     )
     parser.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per generate call")

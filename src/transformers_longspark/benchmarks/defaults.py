@@ -19,14 +19,14 @@ METHODS = (
     "longspark_no_lookup",
     "longspark_lookup",
     "longspark_every_round",
+    "longspark_drafter_only",
+    "longspark_lookup_only",
+    "longspark_no_proposals",
     "longspark_whole_blocks",
     "longspark_stock_verify",
-    "longspark_unpacked",
-    "longspark_whole_lookup",
-    "longspark_previous_lookup",
     "full_prefix",
 )
-# `longspark_lookup`: the drafter with the lookup source on (`drafting.lookup_settings`).
+# `longspark_lookup`: the drafter with the lookup source on (`DraftSettings.from_drafter`).
 DEFAULT_LOOKUP_MIN_MATCH = 2
 DEFAULT_LOOKUP_NUM_TOKENS = 10
 

@@ -15,8 +15,11 @@ inside `fast_verification` with a `DynamicCache` reserved for the prompt and the
 
 Before and after. `longspark` runs as users get it: the fast verification path and the drafter's own generation
 config (confidence thresholds, lookup source). `longspark_no_lookup` forces the lookup source off and
-`longspark_lookup` on (`lookup_min_match` / `lookup_num_tokens`), and `longspark_whole_lookup` proposes every lookup
-continuation whole (`lookup_choose_length` False). `longspark_every_round` turns the cost model of the
+`longspark_lookup` on (`lookup_min_match` / `lookup_num_tokens`). Attribution: `longspark_drafter_only` is the drafter
+alone (lookup off, costs 0: every round drafts), `longspark_lookup_only` the lookup source alone (the drafter priced
+out), `longspark_no_proposals` neither (every round a plain step: what the fast path costs by itself). Settings that
+earlier releases compared (unpacked weights, whole lookup continuations, 3-token matches) are in git history.
+`longspark_every_round` turns the cost model of the
 source choice off (`inference/planning.py`: every round proposes, none is a plain step). `longspark_whole_blocks`
 drafts whole blocks (thresholds 0), and `longspark_stock_verify` whole blocks on transformers' stock path (`sdpa`
 attention, concatenating cache): the path before both changes. `prompt_lookup_fast` runs stock prompt lookup inside
@@ -34,13 +37,16 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel
 
+from ..inference.calibration import costs_for_generate
+from ..inference.knobs import DraftingKnobs
 from ..inference.verification import fast_verification
 from ..modeling_longspark import LongSparkDrafterModel
+from ..packed_linear import drafter_linear_dtype
 from .common import generation_config_fields, machine_info, time_forward_calls, timed_call
 from .defaults import DEFAULT_LOOKUP_MIN_MATCH, DEFAULT_LOOKUP_NUM_TOKENS, METHODS, MODES, PLAIN_METHODS
 from .models import make_full_prefix_drafter
 from .prompts import chat_prompt_ids
-from .speed_summary import METHOD_LABELS, add_speedups, new_tokens_from_round_log, summarize_runs
+from .speed_summary import METHOD_LABELS, add_round_costs, add_speedups, new_tokens_from_round_log, summarize_runs
 
 # Which methods run in which decoding mode by default (the full-prefix baseline is measured greedily).
 DEFAULT_METHODS = {"greedy": METHODS, "sampled": tuple(m for m in METHODS if m != "full_prefix")}
@@ -48,20 +54,18 @@ DEFAULT_METHODS = {"greedy": METHODS, "sampled": tuple(m for m in METHODS if m !
 # confidence thresholds 0) instead of the drafter's own thresholds, and the lookup source ("stock verification" is
 # the path before the first two changes). `longspark_lookup`'s settings are the run's (`drafter_method_settings`).
 WHOLE_BLOCKS = {"assistant_confidence_threshold": 0.0, "block_confidence_threshold": 0.0}
+COSTS_OFF = {"calibrate_costs": False, "draft_round_cost": 0.0, "verify_round_cost": 0.0, "verify_token_cost": 0.0}
 DRAFTER_METHODS: dict[str, dict[str, Any]] = {
     "longspark": {},
     "longspark_no_lookup": {"lookup_min_match": 0},
     "longspark_lookup": {},
-    "longspark_every_round": {"draft_round_cost": 0.0, "verify_round_cost": 0.0, "verify_token_cost": 0.0},
+    "longspark_every_round": COSTS_OFF,
+    # Attribution: each source alone, and neither (every round a plain step on the fast path: the path's own cost).
+    "longspark_drafter_only": {"lookup_min_match": 0, **COSTS_OFF},
+    "longspark_lookup_only": {"use_drafter": False},
+    "longspark_no_proposals": {"lookup_min_match": 0, "use_drafter": False},
     "longspark_whole_blocks": WHOLE_BLOCKS,
     "longspark_stock_verify": {"fast_verification": False, **WHOLE_BLOCKS},
-    # The fast path before its packed weights, with the cost model measured for it (the previous release).
-    "longspark_unpacked": {"packed_weights": False, "draft_round_cost": 0.4, "verify_round_cost": 0.45,
-                           "verify_token_cost": 0.08, "step_doubling_length": 12000},
-    # Every lookup round proposes its whole continuation, not the prefix its past rounds make worth most (before).
-    "longspark_whole_lookup": {"lookup_choose_length": False},
-    # The lookup source of the previous release: 3-token matches, whole continuations.
-    "longspark_previous_lookup": {"lookup_min_match": 3, "lookup_choose_length": False},
     "full_prefix": {},
 }
 # Methods without a drafter that `generate` runs inside `fast_verification`, with a cache of reserved rows.
@@ -79,7 +83,7 @@ def drafter_method_settings(
     lookup_min_match: int = DEFAULT_LOOKUP_MIN_MATCH, lookup_num_tokens: int = DEFAULT_LOOKUP_NUM_TOKENS
 ) -> dict[str, dict[str, Any]]:
     """`DRAFTER_METHODS`, with `longspark_lookup`'s lookup source: a continuation of `lookup_num_tokens` tokens where
-    the request's last `lookup_min_match` (or more) tokens occurred before (`drafting.lookup_settings`)."""
+    the request's last `lookup_min_match` (or more) tokens occurred before (`DraftSettings.from_drafter`)."""
     if lookup_min_match < 1 or lookup_num_tokens < 1:
         raise ValueError(
             "longspark_lookup needs lookup_min_match >= 1 and lookup_num_tokens >= 1 (0 turns lookup off), got "
@@ -279,7 +283,7 @@ def run_speed_benchmark(
         modes: `"greedy"` and/or `"sampled"` (temperature `temperature`, no top-k/top-p).
         methods: per mode (`{"greedy": [...], "sampled": [...]}`) or for every mode, from `METHODS`; default
             `DEFAULT_METHODS` (every method, the full-prefix baseline greedy only). `"plain"` is always added.
-        lookup_min_match / lookup_num_tokens: `longspark_lookup`'s lookup source (`drafting.lookup_settings`).
+        lookup_min_match / lookup_num_tokens: `longspark_lookup`'s lookup source (`DraftSettings.from_drafter`).
         ignore_eos: force exactly `max_new_tokens` tokens (`min_new_tokens`) for equal-length runs.
         warmup: run every (mode, method) once, untimed, on the first prompt before measuring.
         seed: sampled runs of prompt `i` start from the RNG seed `seed + i` for every method.
@@ -346,6 +350,7 @@ def run_speed_benchmark(
             runs = _run_prompts(runner, items, per_mode[mode], mode, max_new_tokens, seed, bar, workload)
             summaries = {method: summarize_runs(method_runs, method) for method, method_runs in runs.items()}
             add_speedups(summaries)
+            add_round_costs(summaries)
             rows += [{"workload": workload, "mode": mode, **summary} for summary in summaries.values()]
             for method_runs in runs.values():
                 for run in method_runs:
@@ -372,10 +377,21 @@ def run_speed_benchmark(
             "dtype": str(next(target.parameters()).dtype),
             "target": getattr(target.config, "_name_or_path", "") or type(target).__name__,
         },
-        "drafter": dict(drafter_info or {"block_size": drafter.config.block_size}),
+        "drafter": {
+            **(drafter_info or {"block_size": drafter.config.block_size}),
+            "linear_dtype": str(drafter_linear_dtype(drafter)),
+            "costs": _planned_costs(target, drafter),
+        },
         "workloads": report_workloads,
         "rows": rows,
     }
+
+
+def _planned_costs(target: PreTrainedModel, drafter: LongSparkDrafterModel) -> dict[str, Any]:
+    """The cost model the drafter's own settings planned with in this run: its calibration, or its fields."""
+    calibrated = costs_for_generate(target, drafter)
+    costs = calibrated or DraftingKnobs.from_generation_config(drafter.generation_config).costs
+    return {"source": "calibration" if calibrated else "generation_config", **asdict(costs)}
 
 
 __all__ = [

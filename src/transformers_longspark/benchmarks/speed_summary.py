@@ -19,11 +19,11 @@ METHOD_LABELS = {
     "longspark_no_lookup": "LongSpark (lookup off)",
     "longspark_lookup": "LongSpark + lookup",
     "longspark_every_round": "LongSpark (every round proposes)",
+    "longspark_drafter_only": "LongSpark drafter alone (no lookup, every round drafts)",
+    "longspark_lookup_only": "LongSpark lookup alone (drafter priced out)",
+    "longspark_no_proposals": "LongSpark, no proposals (every round a plain step)",
     "longspark_whole_blocks": "LongSpark (whole blocks)",
     "longspark_stock_verify": "LongSpark (stock verification, whole blocks)",
-    "longspark_unpacked": "LongSpark (fast path without packed weights, its cost model)",
-    "longspark_whole_lookup": "LongSpark (whole lookup continuations)",
-    "longspark_previous_lookup": "LongSpark (previous lookup: 3-token matches, whole continuations)",
     "full_prefix": "full-prefix drafter",
 }
 
@@ -58,6 +58,16 @@ def _timing_fields(runs: Sequence[Mapping[str, Any]], tokens: int, seconds: floa
     }
 
 
+# The `DraftingStats` fields summed over runs for the per-drafter-round split (`DraftingStats.drafter_round_parts`).
+ROUND_PART_FIELDS = (
+    "drafter_rounds",
+    "proposal_seconds",
+    "planning_seconds",
+    "drafter_forward_seconds",
+    "context_update_seconds",
+)
+
+
 def _drafting_fields(runs: Sequence[Mapping[str, Any]], rounds: int) -> dict[str, Any]:
     """Drafted tokens, drafting ms per round (proposal, context update), context-state bytes, lookup rounds and the
     per-position acceptance `[P(draft 1 accepted), P(drafts 1-2 accepted), ...]` over all the runs' rounds."""
@@ -66,7 +76,10 @@ def _drafting_fields(runs: Sequence[Mapping[str, Any]], rounds: int) -> dict[str
     lookup_rounds = sum(run.get("lookup_rounds", 0) for run in runs)
     plain_rounds = sum(run.get("plain_rounds", 0) for run in runs)
     histogram = merge_histograms([run.get("accepted_histogram", []) for run in runs])
+    totals = DraftingStats(**{name: sum(run.get(name, 0) for run in runs) for name in ROUND_PART_FIELDS})
     return {
+        "drafter_rounds": totals.drafter_rounds,
+        "drafter_round_ms": totals.drafter_round_parts() if totals.drafter_rounds else None,
         "drafted_tokens": sum(run.get("drafted_tokens", 0) for run in runs),
         "proposal_ms_per_round": 1000.0 * proposal / rounds if rounds else None,
         "context_update_ms_per_round": 1000.0 * update / rounds if rounds else None,
@@ -127,6 +140,16 @@ def best_plain_method(summaries: Mapping[str, Mapping[str, Any]], rate: str = "t
     return max(measured, key=lambda method: summaries[method][rate], default=None)
 
 
+def add_round_costs(summaries: Mapping[str, dict[str, Any]]) -> None:
+    """`drafter_round_steps`: each drafter method's drafting time per drafter round over the plain step of the fast
+    path measured in the same run (`plain_fast`'s target forward per step), i.e. what a drafter round costs in target
+    steps."""
+    step = (summaries.get("plain_fast") or {}).get("verify_ms_per_round")
+    for summary in summaries.values():
+        parts = summary.get("drafter_round_ms")
+        summary["drafter_round_steps"] = parts["total"] / step if parts and step else None
+
+
 def add_speedups(summaries: Mapping[str, dict[str, Any]]) -> None:
     """Speedups of each method, end to end (`speedup`, tokens/s) and for decoding alone (`decode_speedup`, the time
     after the prefill): over plain `generate`, and over the fastest plain path measured in the same run
@@ -144,6 +167,7 @@ def add_speedups(summaries: Mapping[str, dict[str, Any]]) -> None:
 
 __all__ = [
     "METHOD_LABELS",
+    "add_round_costs",
     "add_speedups",
     "best_plain_method",
     "merge_histograms",

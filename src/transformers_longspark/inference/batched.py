@@ -4,7 +4,7 @@ with more than one (left-padded) prompt.
 transformers' assisted decoding is batch-1, so the generation hook (`generation.py`) routes batches here; batch 1
 keeps transformers' own loop. A round serves the `n` unfinished sequences with ONE drafter forward over their `n`
 blocks (`drafting.draft_tokens`) and ONE target forward over each sequence's `[a, y_1, ..., y_k]` (`k` the longest
-block, shorter ones padded), then applies the acceptance rule per sequence (SPEC section 1): greedy keeps the longest
+block, shorter ones padded), then applies the acceptance rule per sequence (paper Sec. 2.1): greedy keeps the longest
 prefix equal to the target's argmax, sampling runs speculative sampling. `generate`'s logits processors are applied to
 the drafter's and the target's logits at every position, with that position's own prefix.
 
@@ -41,6 +41,7 @@ from .batched_checks import (
     default_position_ids,
     max_cache_columns,
 )
+from .calibration import costs_for_generate
 from .drafting import DraftRequests, DraftSettings, process_logits
 from .planning import RoundPlanner
 from .session import DraftSession
@@ -120,7 +121,8 @@ class BatchedSpeculativeDecoder:
         generation_config: GenerationConfig,
         logits_processor: LogitsProcessorList | None,
     ):
-        self.session = DraftSession.for_generate(target, drafter, input_ids, generation_config, logits_processor)
+        costs = costs_for_generate(target, drafter)
+        self.session = DraftSession.for_generate(target, drafter, input_ids, generation_config, logits_processor, costs)
         self.settings, self.stats = self.session.settings, self.session.stats
         # The most tokens a round proposes (the drafter's block, or a longer lookup continuation).
         self.block_size = self.settings.max_proposal_tokens
@@ -180,11 +182,14 @@ class BatchedSpeculativeDecoder:
 
     def round(self) -> None:
         """Drafts, verifies and accepts one block for every unfinished sequence."""
-        context = self.session.read_context(self.state, self.cache, self.column_mask.shape[1], self.column_mask)
-        self.compact_if_sparse()
         room = (self.max_length - self.lengths - 1).clamp(min=0, max=self.block_size)
         requests = DraftRequests(self.sequences, self.row_ids, self.lengths, room)
-        proposal = self.session.propose(context, requests, self.session.plan(requests, self.planners))
+        plan = self.session.plan(requests, self.planners)
+        context = None
+        if plan.drafts:  # absorbs the rows cached since the last drafter round (plain rounds leave no holes)
+            context = self.session.read_context(self.state, self.cache, self.column_mask.shape[1], self.column_mask)
+            self.compact_if_sparse()
+        proposal = self.session.propose(context, requests, plan)
         drafted, num_drafted = proposal.tokens, proposal.num_drafted
 
         target_logits = self.verify(drafted, num_drafted)
@@ -260,6 +265,10 @@ class BatchedSpeculativeDecoder:
         index, self.column_mask = last_real_columns(self.column_mask, longest)
         for layer in self.cache.layers:
             layer.keys, layer.values = gather_columns(layer.keys, index), gather_columns(layer.values, index)
+            if hasattr(layer, "cumulative_length"):
+                # A sliding-window layer (whose window the batch never reaches, `check_batched_generation`) counts
+                # the columns it has seen for its masks: now the compacted ones.
+                layer.cumulative_length = layer.keys.shape[-2]
         self.state.num_absorbed = longest
 
     def outputs(self) -> torch.LongTensor:

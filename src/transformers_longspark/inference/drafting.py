@@ -9,7 +9,8 @@ requests of one round. The drafting session (`session.py`) calls them each round
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import time
+from dataclasses import dataclass, field, replace
 
 import torch
 from transformers import GenerationConfig
@@ -28,8 +29,9 @@ from transformers.generation.logits_process import (
 
 from ..context_state import DraftContext
 from ..modeling_longspark import LongSparkDrafterModel
+from .knobs import DraftingKnobs
 from .lookup import SuffixIndex, point_mass_logits
-from .planning import RoundCosts, RoundPlan, RoundPlanner, Source
+from .planning import RoundCosts, RoundPlan, RoundPlanner, Source, batch_round_pays
 
 # The longest suffix the lookup source matches: longer matches are rarer and add little over this one.
 LOOKUP_MAX_NGRAM = 6
@@ -49,11 +51,10 @@ class DraftSettings:
         lookup_num_tokens: the most tokens of a lookup continuation.
         lookup_choose_length: propose the prefix of a continuation that the request's past lookup rounds make worth
             most (`RoundPlanner.lookup_length`); False: the whole continuation, every time.
-        draft_round_cost / verify_round_cost / verify_token_cost / step_doubling_length: the cost model of the
-            source choice (`planning.py`), in plain decoding steps of the target: one drafter round at a short
-            prefix, what a verification forward of several tokens costs beyond a one-token step (fixed, and per
-            proposed token), and the prefix length over which a target step's cost doubles (costs 0: every round
-            proposes, as on a GPU).
+        use_drafter: the drafter's blocks are a source (False: the lookup source and plain steps only).
+        costs: the cost model of the source choice (`planning.py`), in plain decoding steps of the target (all 0:
+            every round proposes, as on a GPU): the drafter's `generation_config` fields, or a calibration of this
+            machine and target (`calibration.py`).
         eos_token_ids: `(k,)` ids that end a block, or `None`.
         logits_processor: `generate`'s processors, applied to every drafted position, or `None`.
     """
@@ -65,30 +66,29 @@ class DraftSettings:
     lookup_min_match: int = 0
     lookup_num_tokens: int = 0
     lookup_choose_length: bool = True
-    draft_round_cost: float = 0.0
-    verify_round_cost: float = 0.0
-    verify_token_cost: float = 0.0
-    step_doubling_length: int = 0
+    use_drafter: bool = True
+    costs: RoundCosts = field(default_factory=RoundCosts)
     eos_token_ids: torch.Tensor | None = None
     logits_processor: LogitsProcessorList | None = None
 
     @classmethod
-    def from_drafter(cls, drafter: LongSparkDrafterModel, **call: object) -> DraftSettings:
-        """The drafter's own settings (its `generation_config`), with `call`'s fields (`do_sample`, `eos_token_ids`,
+    def from_drafter(
+        cls, drafter: LongSparkDrafterModel, costs: RoundCosts | None = None, **call: object
+    ) -> DraftSettings:
+        """The drafter's own settings (its `generation_config`, validated: `DraftingKnobs`), with `costs` in place of
+        its cost fields when given (a calibration), and `call`'s fields (`do_sample`, `eos_token_ids`,
         `logits_processor`) from the caller."""
-        config, block_size = drafter.generation_config, drafter.config.block_size
-        min_match = getattr(config, "lookup_min_match", 0) or 0
+        knobs = DraftingKnobs.from_generation_config(drafter.generation_config)
+        block_size, min_match = drafter.config.block_size, knobs.lookup_min_match
         return cls(
             block_size=block_size,
-            token_threshold=config.assistant_confidence_threshold or 0.0,
-            block_threshold=getattr(config, "block_confidence_threshold", 0.0) or 0.0,
+            token_threshold=knobs.assistant_confidence_threshold,
+            block_threshold=knobs.block_confidence_threshold,
             lookup_min_match=min_match,
-            lookup_num_tokens=(getattr(config, "lookup_num_tokens", None) or block_size) if min_match else 0,
-            lookup_choose_length=bool(getattr(config, "lookup_choose_length", True)),
-            draft_round_cost=getattr(config, "draft_round_cost", 0.0) or 0.0,
-            verify_round_cost=getattr(config, "verify_round_cost", 0.0) or 0.0,
-            verify_token_cost=getattr(config, "verify_token_cost", 0.0) or 0.0,
-            step_doubling_length=getattr(config, "step_doubling_length", 0) or 0,
+            lookup_num_tokens=(knobs.lookup_num_tokens or block_size) if min_match else 0,
+            lookup_choose_length=knobs.lookup_choose_length,
+            use_drafter=knobs.use_drafter,
+            costs=knobs.costs if costs is None else costs,
             **call,
         )
 
@@ -98,10 +98,13 @@ class DraftSettings:
         drafter: LongSparkDrafterModel,
         generation_config: GenerationConfig,
         logits_processor: LogitsProcessorList | None,
+        costs: RoundCosts | None = None,
     ) -> DraftSettings:
-        """The settings of a `generate` call: its sampling, EOS ids and logits processors."""
+        """The settings of a `generate` call: its sampling, EOS ids and logits processors (and `costs`, when the
+        drafter's are calibrated)."""
         return cls.from_drafter(
             drafter,
+            costs,
             do_sample=bool(generation_config.do_sample),
             eos_token_ids=getattr(generation_config, "_eos_token_tensor", None),
             logits_processor=logits_processor or None,
@@ -118,10 +121,7 @@ class DraftSettings:
         lookup = None
         if self.lookup_min_match:
             lookup = SuffixIndex(self.lookup_min_match, max(self.lookup_min_match, LOOKUP_MAX_NGRAM), offset)
-        costs = RoundCosts(
-            self.draft_round_cost, self.verify_round_cost, self.verify_token_cost, self.step_doubling_length
-        )
-        return RoundPlanner(costs, lookup, choose_lookup_length=self.lookup_choose_length)
+        return RoundPlanner(self.costs, lookup, choose_lookup_length=self.lookup_choose_length)
 
 
 @dataclass
@@ -154,12 +154,14 @@ class Proposal:
         logits: `(n, k, vocab_size)` the processed logits each token was drawn from (one-hot for lookup tokens).
         num_drafted: `(n,)` tokens proposed per request.
         sources: per request, where its proposal came from (`Source.NONE`: no proposal).
+        forward_seconds: the time of the drafter forward, if one ran (`DraftingStats.drafter_forward_seconds`).
     """
 
     tokens: torch.LongTensor
     logits: torch.Tensor
     num_drafted: torch.LongTensor
     sources: list[Source]
+    forward_seconds: float = 0.0
 
     @property
     def from_lookup(self) -> torch.BoolTensor:
@@ -254,7 +256,9 @@ def draft_tokens(
     device = sequences.device
     previous = sequences[rows, lengths - 1]
     masks = previous.new_full((len(rows), drafter.config.block_size - 1), drafter.config.mask_token_id)
+    start = time.perf_counter()
     base_logits = drafter(torch.cat([previous[:, None], masks], dim=1), context).base_logits
+    forward_seconds = time.perf_counter() - start
     # Without processors (or with `DRAFT_VOCAB_PROCESSORS` only), tokens are chosen among the draft vocabulary's own
     # logits: every other token is -inf in the target vocabulary, so the distribution is the same, at a fraction of
     # the cost; target-vocabulary logits are built once at the end. Other processors read target-vocabulary logits
@@ -294,10 +298,10 @@ def draft_tokens(
     sources = [Source.DRAFTER] * len(rows)
     if not drafted_ids:
         empty_logits = base_logits.new_zeros(len(rows), 0, drafter.config.vocab_size)
-        return Proposal(sequences.new_zeros(len(rows), 0), empty_logits, num_drafted, sources)
+        return Proposal(sequences.new_zeros(len(rows), 0), empty_logits, num_drafted, sources, forward_seconds)
     logits = torch.stack(drafted_logits, dim=1)
     logits = drafter.to_target_vocab(logits) if in_draft_vocab else logits
-    return Proposal(torch.stack(drafted_ids, dim=1), logits, num_drafted, sources)
+    return Proposal(torch.stack(drafted_ids, dim=1), logits, num_drafted, sources, forward_seconds)
 
 
 def plan_round(requests: DraftRequests, settings: DraftSettings, planners: list[RoundPlanner]) -> RoundPlan:
@@ -313,11 +317,30 @@ def plan_round(requests: DraftRequests, settings: DraftSettings, planners: list[
             index.extend(requests.sequences[row, index.offset + len(index) : length].tolist())
             proposed, matched = index.propose(min(settings.lookup_num_tokens, room))
             continuation = proposed if matched >= settings.lookup_min_match else []
-        source = planner.choose(continuation, can_draft=room > 0, length=int(requests.lengths[r]), matched=matched)
+        can_draft = settings.use_drafter and room > 0
+        source = planner.choose(continuation, can_draft=can_draft, length=int(requests.lengths[r]), matched=matched)
         if source is Source.LOOKUP:
             continuations[r] = continuation[: planner.lookup_length(len(continuation), matched)]
         sources.append(source)
+    if len(planners) > 1:  # a batch verifies every row at the widest proposal: the round as a whole must pay
+        proposed = [
+            _expected_proposal(planner, source, continuations.get(r), settings)
+            for r, (planner, source) in enumerate(zip(planners, sources, strict=True))
+        ]
+        if not batch_round_pays(planners, sources, proposed, int(requests.lengths.max()), settings.costs):
+            return RoundPlan([Source.NONE] * len(planners), {})
     return RoundPlan(sources, continuations)
+
+
+def _expected_proposal(planner: RoundPlanner, source: Source, continuation: list[int] | None, settings) -> int:
+    """The tokens a request's round is expected to propose: its lookup continuation, or the drafter's running mean
+    (its confidence cuts end blocks early), or the block while the drafter is untried."""
+    if source is Source.LOOKUP:
+        return len(continuation)
+    if source is Source.DRAFTER:
+        proposed = planner.records[Source.DRAFTER].proposed
+        return settings.block_size if proposed is None else max(1, round(proposed))
+    return 0
 
 
 @torch.no_grad()
@@ -350,6 +373,7 @@ def propose_blocks(
         k = drafted.tokens.shape[1]
         proposal.tokens[drafter_rows, :k], proposal.logits[drafter_rows, :k] = drafted.tokens, drafted.logits
         proposal.num_drafted[drafter_rows] = drafted.num_drafted
+        proposal.forward_seconds = drafted.forward_seconds
     for r, continuation in plan.continuations.items():
         ids = torch.tensor(continuation, device=device)
         proposal.tokens[r, : len(ids)], proposal.logits[r, : len(ids)] = ids, point_mass_logits(ids, vocab_size)

@@ -29,7 +29,9 @@ from ..context_state import DraftContext
 from ..modeling_longspark import LongSparkDrafterModel
 from ..packed_linear import packed_drafter_weights
 from ..targets import check_target_compatible
+from .calibration import costs_for_generate
 from .drafting import DraftRequests, DraftSettings, Proposal
+from .knobs import DraftingKnobs
 from .session import DraftSession
 from .stats import DraftingStats
 from .verification import fast_verification
@@ -64,7 +66,8 @@ class LongSparkCandidateGenerator(CandidateGenerator):
                 f"got {input_ids.shape[0]}. `target.generate(..., assistant_model=drafter)` runs batches in "
                 "`transformers_longspark.inference.batched` instead."
             )
-        self.session = DraftSession.for_generate(target, drafter, input_ids, generation_config, logits_processor)
+        costs = costs_for_generate(target, drafter)
+        self.session = DraftSession.for_generate(target, drafter, input_ids, generation_config, logits_processor, costs)
         self.state = self.session.new_state()
         self.planner = self.session.new_planner()
         self.max_length = generation_config.max_length
@@ -195,6 +198,7 @@ def _validate_generation_mode(self, generation_mode, generation_config, generati
     if isinstance(drafter, LongSparkDrafterModel):
         check_target_compatible(drafter.config, self)
         check_generation_settings(generation_config)
+        DraftingKnobs.from_generation_config(drafter.generation_config)  # refuses invalid knobs before any forward
     _original_validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs)
 
 

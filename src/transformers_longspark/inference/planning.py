@@ -205,6 +205,17 @@ class RoundPlanner:
         self.lookup_match = matched if chosen is Source.LOOKUP else 0
         return chosen
 
+    def expected_accepted(self, source: Source, proposed: int) -> float:
+        """The drafts a round from `source` proposing `proposed` tokens is expected to keep, from this request's past
+        rounds (infinite while the source is untried: it is worth trying)."""
+        if source is Source.NONE or proposed == 0:
+            return 0.0
+        if source is Source.LOOKUP:
+            rate = self.match_rate(self.lookup_match)
+            return float("inf") if rate is None else expected_accepted(rate, proposed)
+        accepted = self.records[Source.DRAFTER].accepted
+        return float("inf") if accepted is None else accepted
+
     def record(self, source: Source, proposed: int, accepted: int) -> None:
         """Folds one verified round from `source` (`proposed` tokens, `accepted` of them kept) into its means (and a
         lookup round into those of its matched length)."""
@@ -212,6 +223,23 @@ class RoundPlanner:
             self.records[source].update(proposed, accepted)
         if source is Source.LOOKUP:
             self.match_records.setdefault(self.lookup_match, SourceRecord()).update(proposed, accepted)
+
+
+def batch_round_pays(
+    planners: list[RoundPlanner], sources: list[Source], proposed: list[int], length: int, costs: RoundCosts
+) -> bool:
+    """Whether a batched round whose requests chose `sources`, proposing `proposed` tokens each, yields more tokens
+    per step than a plain batched step. A batched verification pads every row to the widest proposal, so each row
+    pays for `max(proposed)` verified tokens (and the drafter's round if any row drafts), whatever it proposed itself:
+    the round pays when `sum(1 + E_r) / sum(1 + cost_r) >= 1`. `length` is the longest request's, for the drafter's
+    cost."""
+    width = max(proposed, default=0)
+    if width == 0:
+        return True  # nothing proposed: the round is a plain step already
+    drafter = costs.drafter_cost(length) if Source.DRAFTER in sources else 0.0
+    row_cost = 1.0 + costs.verify_cost(width) + drafter
+    tokens = sum(1.0 + p.expected_accepted(s, k) for p, s, k in zip(planners, sources, proposed, strict=True))
+    return tokens >= row_cost * len(planners)
 
 
 @dataclass
@@ -239,6 +267,7 @@ class RoundPlan:
 
 __all__ = [
     "FIRST_PROBE_INTERVAL",
+    "batch_round_pays",
     "MAX_PROBE_INTERVAL",
     "POOLED_RATE_ROUNDS",
     "RUNNING_MEAN_WEIGHT",

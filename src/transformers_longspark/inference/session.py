@@ -20,7 +20,7 @@ from ..context_state import DraftContext, LongSparkContextState, boundary_states
 from ..modeling_longspark import LongSparkDrafterModel
 from ..targets import HiddenStateCapture, TargetModules, check_sliding_window, check_target_compatible
 from .drafting import DraftRequests, DraftSettings, Proposal, plan_round, propose_blocks
-from .planning import RoundPlan, RoundPlanner, Source
+from .planning import RoundCosts, RoundPlan, RoundPlanner, Source
 from .stats import DraftingStats
 
 
@@ -58,12 +58,14 @@ class DraftSession:
         input_ids: torch.LongTensor,
         generation_config: GenerationConfig,
         logits_processor: LogitsProcessorList | None,
+        costs: RoundCosts | None = None,
     ) -> DraftSession:
-        """The session of `target.generate(input_ids, assistant_model=drafter, ...)`. Refuses, before any forward, a
-        drafter that does not match the target, and sliding-window layers that the prompt would overflow."""
+        """The session of `target.generate(input_ids, assistant_model=drafter, ...)` (with `costs`, a calibration, in
+        place of the drafter's cost fields). Refuses, before any forward, a drafter that does not match the target,
+        and sliding-window layers that the prompt would overflow."""
         check_target_compatible(drafter.config, target)
         check_sliding_window(target, drafter.config.target_layer_ids, input_ids.shape[1])
-        return cls(drafter, target, DraftSettings.for_generate(drafter, generation_config, logits_processor))
+        return cls(drafter, target, DraftSettings.for_generate(drafter, generation_config, logits_processor, costs))
 
     def new_state(self) -> LongSparkContextState:
         """An empty context state (no row absorbed yet) for one request or a batch of them."""
@@ -97,7 +99,9 @@ class DraftSession:
         """Each request's source this round (`drafting.plan_round`), timed with the proposal."""
         start = time.perf_counter()
         plan = plan_round(requests, self.settings, planners)
-        self.stats.proposal_seconds += time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+        self.stats.planning_seconds += elapsed
+        self.stats.proposal_seconds += elapsed
         return plan
 
     def propose(self, context: DraftContext | None, requests: DraftRequests, plan: RoundPlan) -> Proposal:
@@ -106,6 +110,8 @@ class DraftSession:
         start = time.perf_counter()
         proposal = propose_blocks(self.drafter, context, requests, self.settings, plan)
         self.stats.proposal_seconds += time.perf_counter() - start
+        self.stats.drafter_forward_seconds += proposal.forward_seconds
+        self.stats.drafter_rounds += int(proposal.forward_seconds > 0)
         self.stats.rounds += len(requests.rows)
         self.stats.batch_rounds += 1
         self.stats.drafted_tokens += int(proposal.num_drafted.sum())

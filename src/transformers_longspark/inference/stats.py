@@ -38,7 +38,13 @@ class DraftingStats:
     plain_rounds: int = 0  # rounds that proposed nothing (the cost model's choice, or no room): plain decoding steps
     # accepted_histogram[k]: rounds with a proposal that accepted exactly k drafts (`acceptance_rates()`).
     accepted_histogram: list[int] = field(default_factory=list)
+    drafter_rounds: int = 0  # batched forwards that ran the drafter
+    # Where the drafting time goes (seconds): `proposal_seconds` is the planning and the proposals (the drafter
+    # forward, its token loop, lookup continuations) together; `context_update_seconds` the context reads (summary
+    # update, window and boundary views) of drafter rounds. `drafter_round_parts` splits them per drafter round.
     proposal_seconds: float = 0.0
+    planning_seconds: float = 0.0
+    drafter_forward_seconds: float = 0.0
     context_update_seconds: float = 0.0
     context_state_bytes: int = 0
 
@@ -48,6 +54,22 @@ class DraftingStats:
             if count >= len(self.accepted_histogram):
                 self.accepted_histogram.extend([0] * (count + 1 - len(self.accepted_histogram)))
             self.accepted_histogram[count] += 1
+
+    def drafter_round_parts(self) -> dict[str, float]:
+        """Milliseconds per drafter round: the drafter forward, the context read (with the summary update), the
+        planning, and the rest of the proposal (the token loop with the Markov correction and the processors, lookup
+        continuations, bookkeeping); `total` is their sum. Planning and the rest are spread over drafter rounds too,
+        as they are what the drafting costs beside the target's forwards."""
+        rounds = max(self.drafter_rounds, 1)
+        rest = self.proposal_seconds - self.planning_seconds - self.drafter_forward_seconds
+        parts = {
+            "drafter_forward": self.drafter_forward_seconds,
+            "context_read": self.context_update_seconds,
+            "planning": self.planning_seconds,
+            "rest": max(rest, 0.0),
+        }
+        parts = {name: seconds * 1e3 / rounds for name, seconds in parts.items()}
+        return {**parts, "total": sum(parts.values())}
 
     def acceptance_rates(self) -> list[float]:
         """`[P(draft 1 accepted), P(drafts 1-2 accepted), ...]` over the verified rounds."""

@@ -1,7 +1,7 @@
 """The target's verification forward near the memory floor.
 
 Each LongSpark round verifies `k <= B + 1` tokens in one cached target forward. With transformers' stock `sdpa` path
-that forward costs several one-token steps at long prefixes, for two reasons that have nothing to do with the
+that forward costs several one-token steps at long prefixes, for three reasons that have nothing to do with the
 drafter:
 
 1. **Grouped K/V heads are repeated.** With a mask and more than one query token, `sdpa_attention_forward` expands

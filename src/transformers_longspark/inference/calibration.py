@@ -1,0 +1,282 @@
+"""The cost model measured where the drafter runs: `calibrate`, and `calibrated_costs` with its cache.
+
+The planner (`planning.py`) counts costs in plain decoding steps of the target, and what a round costs in those steps
+depends on the machine (a CPU's kernels and memory, a GPU), the target, the dtypes and the thread count, not on the
+drafter's weights. So a drafter whose `generation_config` sets `calibrate_costs` does not carry one machine's
+constants: at its first `generate` on a new machine and target the costs are measured (a few seconds on a small
+target: random tokens, the fast verification path, one `DraftSession`) and cached as JSON under
+`$LONGSPARK_CACHE/calibration/`, keyed by the CPU (or GPU), torch's CPU capability and thread count, the target's
+config and dtype, and the drafter's config and linear dtype. `longspark calibrate` measures (or re-measures) ahead
+of time. A cached file with a nonsensical cost (negative, non-finite) is measured again, with a warning.
+
+What is measured, interleaved so that a busy machine skews all parts alike (medians of `repeats`):
+- `step`: a one-token forward of the target at a short prefix (`SHORT_PREFIX`);
+- a drafter round (boundary states, context read with the summary update, planning, the drafter forward and its
+  token loop) -> `draft_round_cost = round / step`;
+- forwards of `1 + k` tokens for `k` in `VERIFY_TOKENS` -> `verify_round_cost + verify_token_cost * k`, the least
+  squares line through `forward / step - 1` (each clamped at 0);
+- a one-token forward at `LONG_PREFIX` -> `step_doubling_length`, the prefix over which the step's cost grows by one
+  step (0 where it does not grow measurably).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from ..files import cache_root
+from ..modeling_longspark import LongSparkDrafterModel
+from ..packed_linear import drafter_linear_dtype, packed_drafter_weights
+from .drafting import DraftRequests, DraftSettings
+from .knobs import DraftingKnobs, check_costs
+from .planning import RoundCosts
+from .session import DraftSession
+from .verification import fast_verification
+
+logger = logging.getLogger("transformers_longspark")
+
+CALIBRATION_VERSION = 1
+SHORT_PREFIX = 128
+LONG_PREFIX = 1024
+VERIFY_TOKENS = (1, 2, 4, 7)
+REPEATS = 5
+# Growth of the step below this fraction between the two prefixes is noise: the step is taken as flat.
+MIN_STEP_GROWTH = 0.05
+
+_calibrated: dict[str, RoundCosts] = {}  # this process's calibrations, by key digest
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The measured costs (`costs`, in target steps), the times they come from (milliseconds) and what they are for
+    (`key`: machine, target, dtypes)."""
+
+    costs: RoundCosts
+    step_ms: float
+    long_step_ms: float
+    draft_round_ms: float
+    verify_ms: dict[int, float]
+    key: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": CALIBRATION_VERSION, **asdict(self), "costs": asdict(self.costs)}
+
+
+def calibration_key(target: PreTrainedModel, drafter: LongSparkDrafterModel) -> dict[str, Any]:
+    """What a round's cost in target steps depends on: the machine, the thread count, the target and the dtypes."""
+    device = target.device
+    machine = _cpu_name() if device.type == "cpu" else torch.cuda.get_device_name(device)
+    config = target.config.to_json_string(use_diff=False)
+    return {
+        "machine": machine,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "device": device.type,
+        "torch": torch.__version__,
+        "target": getattr(target.config, "model_type", type(target).__name__),
+        "target_config": hashlib.sha256(_without_paths(config).encode()).hexdigest()[:16],
+        "target_dtype": str(target.dtype),
+        "drafter_config": hashlib.sha256(drafter.config.to_json_string(use_diff=False).encode()).hexdigest()[:16],
+        "drafter_linear_dtype": str(drafter_linear_dtype(drafter)),
+    }
+
+
+def calibration_path(key: dict[str, Any]) -> Path:
+    """Where the calibration of `key` is cached."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return cache_root() / "calibration" / f"{digest}.json"
+
+
+def costs_for_generate(target: PreTrainedModel, drafter: LongSparkDrafterModel) -> RoundCosts | None:
+    """The calibrated costs where the drafter's `generation_config` sets `calibrate_costs` (`calibrated_costs`),
+    else `None` (its own cost fields apply)."""
+    if not DraftingKnobs.from_generation_config(drafter.generation_config).calibrate_costs:
+        return None
+    return calibrated_costs(target, drafter)
+
+
+def calibrated_costs(target: PreTrainedModel, drafter: LongSparkDrafterModel, force: bool = False) -> RoundCosts:
+    """The costs of `drafter`'s rounds with `target` on this machine: from this process, from the cache, or measured
+    now and cached (`force`: measured now)."""
+    key = calibration_key(target, drafter)
+    path = calibration_path(key)
+    if not force and path.name in _calibrated:
+        return _calibrated[path.name]
+    costs = None if force else _read_cached(path)
+    if costs is None:
+        logger.warning(
+            "LongSpark: measuring the round costs of this drafter with this target on this machine (once, a few "
+            "seconds; cached in %s; `longspark calibrate` re-measures).",
+            path,
+        )
+        costs = calibrate_and_cache(target, drafter)[0].costs
+    _calibrated[path.name] = costs
+    return costs
+
+
+def calibrate_and_cache(target: PreTrainedModel, drafter: LongSparkDrafterModel) -> tuple[Calibration, Path]:
+    """Measures the costs now (`calibrate`) and caches them for later calls and processes; returns them and where."""
+    calibration = calibrate(target, drafter)
+    path = calibration_path(calibration.key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(f".{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(calibration.to_json(), indent=2) + "\n", encoding="utf-8")
+    temporary.replace(path)  # atomic: a concurrent reader sees the old file or the new one
+    _calibrated[path.name] = calibration.costs
+    return calibration, path
+
+
+def _read_cached(path: Path) -> RoundCosts | None:
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return check_costs(RoundCosts(**data["costs"]), f"The calibration in {path}")
+    except (ValueError, KeyError, TypeError) as error:
+        logger.warning("LongSpark: ignoring the calibration in %s (%s); measuring again.", path, error)
+        return None
+
+
+@torch.no_grad()
+def calibrate(target: PreTrainedModel, drafter: LongSparkDrafterModel, repeats: int = REPEATS) -> Calibration:
+    """Measures the cost model of `drafter` with `target` on this machine (see the module docstring). Uses its own
+    cache, random tokens from its own generator and argmax drafts, so the global RNG and any running call are
+    untouched."""
+    device = target.device
+    vocab = target.config.get_text_config().vocab_size
+    generator = torch.Generator().manual_seed(0)
+    max_positions = getattr(target.config.get_text_config(), "max_position_embeddings", LONG_PREFIX + 64)
+    long_prefix = max(SHORT_PREFIX + 64, min(LONG_PREFIX, max_positions - 64))
+    settings = replace(DraftSettings.from_drafter(drafter), lookup_min_match=0, costs=RoundCosts())
+    prompt = torch.randint(vocab, (1, SHORT_PREFIX), generator=generator).to(device)
+    steps, rounds, verify = [], [], {k: [] for k in VERIFY_TOKENS}
+    session = DraftSession(drafter, target, settings)
+    cache = DynamicCache(config=target.config)
+    rows = SHORT_PREFIX + repeats + 2 + max(VERIFY_TOKENS) + 1
+    try:
+        with fast_verification(target, cache, rows), packed_drafter_weights(drafter):
+            target(prompt, cache=cache, use_cache=True, logits_to_keep=1)
+            state, planner, ids = session.new_state(), session.new_planner(), prompt
+            for _ in range(repeats + 1):  # the first of each is a warm-up
+                token = torch.randint(vocab, (1, 1), generator=generator).to(device)
+                ids = torch.cat([ids, token], dim=1)
+                steps.append(_timed(device, target, token, cache=cache, use_cache=True, logits_to_keep=1))
+                rounds.append(_timed(device, _drafter_round, session, state, planner, cache, ids))
+                for k in VERIFY_TOKENS:
+                    block = torch.randint(vocab, (1, k + 1), generator=generator).to(device)
+                    verify[k].append(_timed(device, target, block, cache=cache, use_cache=True))
+                    cache.crop(-(k + 1))
+        long_steps = _long_steps(target, vocab, long_prefix, repeats, generator)
+    finally:
+        session.close()
+    step, long_step = _median(steps[1:]), _median(long_steps[1:])
+    verify_ms = {k: _median(times[1:]) * 1e3 for k, times in verify.items()}
+    round_cost, token_cost = _line([(k, verify_ms[k] / (step * 1e3) - 1.0) for k in VERIFY_TOKENS])
+    growth = long_step / step - 1.0
+    doubling = round((long_prefix - SHORT_PREFIX) / growth) if growth > MIN_STEP_GROWTH else 0
+    costs = RoundCosts(
+        draft_round_cost=_median(rounds[1:]) / step,
+        verify_round_cost=max(0.0, round_cost),
+        verify_token_cost=max(0.0, token_cost),
+        step_doubling_length=int(doubling),
+    )
+    check_costs(costs, "The measured calibration")
+    return Calibration(
+        costs=costs,
+        step_ms=step * 1e3,
+        long_step_ms=long_step * 1e3,
+        draft_round_ms=_median(rounds[1:]) * 1e3,
+        verify_ms=verify_ms,
+        key=calibration_key(target, drafter),
+    )
+
+
+def _drafter_round(session: DraftSession, state, planner, cache, ids: torch.LongTensor) -> None:
+    """What a drafter round of `generate` runs: the boundary, the context read, the plan and the proposal."""
+    state.boundary_states = session.captured_boundary(torch.tensor([-1]))
+    context = session.read_context(state, cache, ids.shape[1] - 1)
+    zero = torch.zeros(1, dtype=torch.long, device=ids.device)
+    room = session.settings.max_proposal_tokens
+    requests = DraftRequests(torch.cat([ids, ids.new_zeros(1, room)], dim=1), zero, zero + ids.shape[1], zero + room)
+    session.propose(context, requests, session.plan(requests, [planner]))
+
+
+def _long_steps(target, vocab: int, length: int, repeats: int, generator: torch.Generator) -> list[float]:
+    """One-token forwards at a prefix of `length` tokens (prefilled in chunks) on the fast path."""
+    device = target.device
+    cache = DynamicCache(config=target.config)
+    with fast_verification(target, cache, length + 2):
+        for start in range(0, length, 1024):
+            chunk = torch.randint(vocab, (1, min(1024, length - start)), generator=generator).to(device)
+            target(chunk, cache=cache, use_cache=True, logits_to_keep=1)
+        token = torch.randint(vocab, (1, 1), generator=generator).to(device)
+        times = []
+        for _ in range(repeats + 1):
+            times.append(_timed(device, target, token, cache=cache, use_cache=True, logits_to_keep=1))
+            cache.crop(-1)
+    return times
+
+
+def _timed(device: torch.device, function, *args, **kwargs) -> float:
+    """Seconds that `function(*args, **kwargs)` takes (the GPU synchronised on both sides)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    function(*args, **kwargs)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares `(intercept, slope)` through `points`."""
+    n = len(points)
+    mean_x, mean_y = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    spread = sum((x - mean_x) ** 2 for x, _ in points)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / spread if spread else 0.0
+    return mean_y - slope * mean_x, slope
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _without_paths(config_json: str) -> str:
+    """The target config without its `name_or_path`-like fields (the same model at another path costs the same)."""
+    config = json.loads(config_json)
+    for name in ("_name_or_path", "name_or_path"):
+        config.pop(name, None)
+    return json.dumps(config, sort_keys=True)
+
+
+__all__ = [
+    "Calibration",
+    "calibrate",
+    "calibrate_and_cache",
+    "calibrated_costs",
+    "calibration_key",
+    "calibration_path",
+    "costs_for_generate",
+]

@@ -1,0 +1,115 @@
+"""The drafting knobs of a drafter's `generation_config`: one typed, validated home (`DraftingKnobs`).
+
+`DraftSettings` (what a round follows) and the planner's cost model read the knobs from here, once per call, and a
+bad value is refused before any forward with a message that names the field and the fix.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .planning import RoundCosts
+
+# The cost model's fields, in plain decoding steps of the target (`planning.py`).
+COST_FIELDS = ("draft_round_cost", "verify_round_cost", "verify_token_cost", "step_doubling_length")
+
+
+@dataclass(frozen=True)
+class DraftingKnobs:
+    """The drafting fields of a drafter's `generation_config` (unset fields take these defaults).
+
+    Attributes:
+        assistant_confidence_threshold: in [0, 1]; a block ends before the first drafted token (after the first)
+            whose draft probability is below it (0: whole blocks).
+        block_confidence_threshold: in [0, 1]; a block ends where the product of its draft probabilities falls below
+            it (0: off).
+        lookup_min_match: shortest matched suffix that makes the lookup source propose (0: lookup off).
+        lookup_num_tokens: the most tokens of a lookup continuation (unset: the block size).
+        lookup_choose_length: propose the prefix of a continuation worth most, not all of it.
+        use_drafter: the drafter's blocks are a source (False: lookup and plain steps only).
+        calibrate_costs: the cost model comes from a calibration of this machine and target
+            (`calibration.py`, measured at the first `generate` and cached), not from the four cost fields.
+        draft_round_cost / verify_round_cost / verify_token_cost: >= 0, in target steps; step_doubling_length: >= 0
+            tokens (0: the step's cost does not grow). All 0 (the default): every round proposes.
+    """
+
+    assistant_confidence_threshold: float = 0.0
+    block_confidence_threshold: float = 0.0
+    lookup_min_match: int = 0
+    lookup_num_tokens: int | None = None
+    lookup_choose_length: bool = True
+    use_drafter: bool = True
+    calibrate_costs: bool = False
+    draft_round_cost: float = 0.0
+    verify_round_cost: float = 0.0
+    verify_token_cost: float = 0.0
+    step_doubling_length: int = 0
+
+    def __post_init__(self):
+        for name in ("assistant_confidence_threshold", "block_confidence_threshold"):
+            _check_number(name, getattr(self, name), low=0.0, high=1.0)
+        for name in ("draft_round_cost", "verify_round_cost", "verify_token_cost"):
+            _check_number(name, getattr(self, name), low=0.0)
+        _check_integer("lookup_min_match", self.lookup_min_match, low=0)
+        _check_integer("step_doubling_length", self.step_doubling_length, low=0)
+        if self.lookup_num_tokens is not None:
+            _check_integer("lookup_num_tokens", self.lookup_num_tokens, low=1)
+        for name in ("lookup_choose_length", "use_drafter", "calibrate_costs"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{_where(name)} must be true or false, got {getattr(self, name)!r}.")
+
+    @classmethod
+    def from_generation_config(cls, config: Any) -> DraftingKnobs:
+        """The knobs set on `config` (a `GenerationConfig`); `None` (unset) takes the default."""
+        values = {}
+        for field in fields(cls):
+            value = getattr(config, field.name, None)
+            if value is not None:
+                values[field.name] = value
+        return cls(**values)
+
+    @property
+    def costs(self) -> RoundCosts:
+        """The cost model of the four cost fields (a calibrated one replaces it where `calibrate_costs` is set)."""
+        return RoundCosts(*(getattr(self, name) for name in COST_FIELDS))
+
+
+def check_costs(costs: RoundCosts, source: str) -> RoundCosts:
+    """Returns `costs` if every field is finite and >= 0 (and `step_doubling_length` an integer); else raises a
+    `ValueError` naming the field and `source` (where the costs came from)."""
+    for name in COST_FIELDS:
+        value = getattr(costs, name)
+        valid = isinstance(value, int) if name == "step_doubling_length" else _is_number(value)
+        if not valid or not math.isfinite(value) or value < 0:
+            raise ValueError(f"{source}: {name} must be a finite number >= 0, got {value!r}.")
+    return costs
+
+
+def _where(name: str) -> str:
+    return f"The drafter's generation_config field {name!r}"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_number(name: str, value: Any, low: float, high: float = math.inf) -> None:
+    if not _is_number(value) or not math.isfinite(value) or not low <= value <= high:
+        bounds = f"in [{low:g}, {high:g}]" if math.isfinite(high) else f"a finite number >= {low:g}"
+        raise ValueError(
+            f"{_where(name)} must be {bounds}, got {value!r}. Fix it in generation_config.json (or "
+            f"drafter.generation_config.{name} = ...), or remove it for the default."
+        )
+
+
+def _check_integer(name: str, value: Any, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(
+            f"{_where(name)} must be an integer >= {low}, got {value!r}. Fix it in generation_config.json (or "
+            f"drafter.generation_config.{name} = ...), or remove it for the default."
+        )
+
+
+__all__ = ["COST_FIELDS", "DraftingKnobs", "check_costs"]

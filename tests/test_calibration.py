@@ -1,0 +1,214 @@
+"""Costs measured on the machine at hand (`inference/calibration.py`), the validated drafting knobs
+(`inference/knobs.py`), and exactness with the drafter's linear layers in bfloat16 and with calibrated costs."""
+
+import json
+import math
+
+import pytest
+import torch
+from transformers.generation import utils as generation_utils
+
+from helpers import (
+    LAW_VOCAB,
+    chi_square_pvalue,
+    exact_law,
+    greedy_pair,
+    make_bigram_target,
+    make_drafter,
+    make_oracle_drafter,
+    make_target,
+    sampled_counts,
+)
+from transformers_longspark.inference import calibration
+from transformers_longspark.inference.calibration import calibrate, calibrated_costs, calibration_key, calibration_path
+from transformers_longspark.inference.planning import RoundCosts
+from transformers_longspark.inference.session import DraftSession
+
+COSTS = {"draft_round_cost": 0.3, "verify_round_cost": 0.05, "verify_token_cost": 0.2, "step_doubling_length": 500}
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """An empty LONGSPARK_CACHE, and no calibration remembered by this process."""
+    monkeypatch.setenv("LONGSPARK_CACHE", str(tmp_path))
+    monkeypatch.setattr(calibration, "_calibrated", {})
+    return tmp_path
+
+
+def write_calibration(target, drafter, costs: dict) -> None:
+    path = calibration_path(calibration_key(target, drafter))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"version": 1, "costs": costs}))
+
+
+def spy_on_costs(monkeypatch) -> list[RoundCosts]:
+    seen, original = [], DraftSession.__init__
+
+    def spy(self, drafter, target, settings, capture=True):
+        seen.append(settings.costs)
+        original(self, drafter, target, settings, capture)
+
+    monkeypatch.setattr(DraftSession, "__init__", spy)
+    return seen
+
+
+def test_calibration_measures_finite_costs_without_touching_the_global_rng():
+    target = make_target("llama")
+    drafter = make_drafter(target)
+    state = torch.get_rng_state()
+    result = calibrate(target, drafter, repeats=2)
+    assert torch.equal(torch.get_rng_state(), state)
+    for name in COSTS:
+        value = getattr(result.costs, name)
+        assert math.isfinite(value) and value >= 0, (name, value)
+    assert result.step_ms > 0 and result.draft_round_ms > 0 and sorted(result.verify_ms) == [1, 2, 4, 7]
+    assert result.key == calibration_key(target, drafter)
+
+
+def test_a_calibration_is_measured_once_then_read_from_the_cache(cache_dir, monkeypatch):
+    target = make_target("llama")
+    drafter = make_drafter(target)
+    measured = calibrated_costs(target, drafter)
+    files = list((cache_dir / "calibration").glob("*.json"))
+    assert len(files) == 1
+    assert json.loads(files[0].read_text())["costs"]["draft_round_cost"] == measured.draft_round_cost
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("measured again although a calibration is cached")
+
+    monkeypatch.setattr(calibration, "calibrate", no_measuring)
+    monkeypatch.setattr(calibration, "_calibrated", {})  # a new process
+    assert calibrated_costs(target, drafter) == measured
+
+
+def test_the_calibration_key_follows_threads_dtype_and_target():
+    target = make_target("llama")
+    drafter = make_drafter(target)
+    key = calibration_key(target, drafter)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        assert calibration_key(target, drafter) != key
+    finally:
+        torch.set_num_threads(threads)
+    assert calibration_key(make_target("llama", vocab_size=80), make_drafter(target)) != key
+    assert calibration_key(target.to(torch.bfloat16), drafter) != key
+
+
+@pytest.mark.parametrize("bad", [-0.5, float("nan"), float("inf"), "cheap"])
+def test_a_nonsense_cached_calibration_is_measured_again(cache_dir, bad, caplog):
+    target = make_target("llama")
+    drafter = make_drafter(target)
+    write_calibration(target, drafter, {**COSTS, "verify_token_cost": bad})
+    costs = calibrated_costs(target, drafter)
+    assert math.isfinite(costs.verify_token_cost) and costs.verify_token_cost >= 0
+    assert "verify_token_cost" in caplog.text and "measuring again" in caplog.text
+
+
+def test_generate_plans_with_the_calibrated_costs_and_stays_exact(cache_dir, monkeypatch):
+    target = make_target("qwen3")
+    drafter = make_drafter(target)
+    drafter.generation_config.calibrate_costs = True
+    drafter.generation_config.draft_round_cost = 5.0  # ignored: the calibration replaces the cost fields
+    write_calibration(target, drafter, COSTS)
+    seen = spy_on_costs(monkeypatch)
+    prompt = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(0))
+    reference, assisted = greedy_pair(target, drafter, prompt, max_new_tokens=24)
+    assert torch.equal(reference, assisted)
+    assert seen == [RoundCosts(**COSTS)]
+    sampled = []
+    for _ in range(2):  # a seeded run repeats given the same calibration
+        torch.manual_seed(7)
+        sampled.append(target.generate(prompt, do_sample=True, max_new_tokens=24, assistant_model=drafter))
+    assert torch.equal(sampled[0], sampled[1])
+
+
+def test_without_calibrate_costs_the_drafters_own_cost_fields_apply(cache_dir, monkeypatch):
+    target = make_target("qwen3")
+    drafter = make_drafter(target)
+    drafter.generation_config.verify_token_cost = 0.25
+    seen = spy_on_costs(monkeypatch)
+    target.generate(torch.randint(0, 64, (1, 8)), max_new_tokens=4, assistant_model=drafter)
+    assert seen == [RoundCosts(verify_token_cost=0.25)]
+    assert not (cache_dir / "calibration").exists()
+
+
+# --- invalid knobs are refused before any forward ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("verify_token_cost", -0.09),
+        ("draft_round_cost", float("nan")),
+        ("verify_round_cost", float("inf")),
+        ("assistant_confidence_threshold", 7),
+        ("block_confidence_threshold", -0.1),
+        ("lookup_min_match", -1),
+        ("lookup_min_match", 2.5),
+        ("lookup_num_tokens", 0),
+        ("step_doubling_length", "lots"),
+        ("calibrate_costs", "yes"),
+        ("use_drafter", 1),
+    ],
+)
+def test_invalid_knobs_are_refused_before_any_forward(field, value):
+    target = make_target("qwen3")
+    drafter = make_drafter(target)
+    setattr(drafter.generation_config, field, value)
+    forwards = []
+    target.register_forward_hook(lambda *args: forwards.append(1))
+    with pytest.raises(ValueError, match=field):
+        target.generate(torch.randint(0, 64, (1, 8)), max_new_tokens=4, assistant_model=drafter)
+    assert forwards == []
+
+
+# --- the drafter's linear layers in bfloat16 -------------------------------------------------------------------
+
+
+def test_greedy_output_is_the_same_whatever_the_drafters_linear_dtype():
+    target = make_target("qwen3")
+    prompt = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(3))
+    for dtype in (torch.bfloat16, torch.float32, "auto"):
+        drafter = make_drafter(target)
+        drafter.linear_dtype = dtype
+        reference, assisted = greedy_pair(target, drafter, prompt, max_new_tokens=20)
+        assert torch.equal(reference, assisted), dtype
+
+
+def test_an_invalid_linear_dtype_is_refused():
+    target = make_target("qwen3")
+    drafter = make_drafter(target)
+    drafter.linear_dtype = torch.float16
+    with pytest.raises(ValueError, match="linear_dtype"):
+        target.generate(torch.randint(0, 64, (1, 8)), max_new_tokens=4, assistant_model=drafter)
+
+
+@pytest.fixture(scope="module")
+def bf16_sampling_setup():
+    """The bigram target of the sampling tests, with a drafter whose linear layers run in bfloat16 (where the CPU
+    packs bf16; elsewhere they fall back to fp32) and a cost model from a calibration file."""
+    target = make_bigram_target("llama", vocab_size=LAW_VOCAB, seed=3, temperature=0.05)
+    drafter = make_oracle_drafter(target, strength=2.0, block_size=3, seed=5)
+    drafter.linear_dtype = torch.bfloat16
+    prompt = torch.tensor([[1, 4, 2, 5]])
+    return target, drafter, prompt, exact_law(target, prompt)
+
+
+def test_sampling_with_a_bf16_drafter_and_calibrated_costs_matches_the_target_law(bf16_sampling_setup, cache_dir):
+    target, drafter, prompt, law = bf16_sampling_setup
+    drafter.generation_config.calibrate_costs = True
+    write_calibration(target, drafter, {**COSTS, "draft_round_cost": 0.05, "verify_token_cost": 0.01})
+    counts = sampled_counts(target, drafter, prompt)
+    assert drafter.drafting_stats.drafted_tokens > 0
+    assert chi_square_pvalue(counts, law) > 1e-3
+
+
+def test_the_bf16_sampling_test_detects_a_broken_verifier(bf16_sampling_setup, monkeypatch):
+    from test_generation import broken_speculative_sampling
+
+    target, drafter, prompt, law = bf16_sampling_setup
+    drafter.generation_config.calibrate_costs = False
+    monkeypatch.setattr(generation_utils, "_speculative_sampling", broken_speculative_sampling)
+    counts = sampled_counts(target, drafter, prompt)
+    assert chi_square_pvalue(counts, law) < 1e-6
