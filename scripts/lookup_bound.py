@@ -56,13 +56,14 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.num_threads)
 
+    from transformers_longspark import LongSparkDrafterModel
     from transformers_longspark.benchmarks.prompts import long_context_prompts
-    from transformers_longspark.inference.planning import RoundCosts
+    from transformers_longspark.inference.calibration import calibrated_costs
     from transformers_longspark.loading import SHIPPED_DRAFTER_DIR, load_smollm2
 
-    config = json.loads((SHIPPED_DRAFTER_DIR / "generation_config.json").read_text())
-    costs = RoundCosts(verify_round_cost=config["verify_round_cost"], verify_token_cost=config["verify_token_cost"])
     target, tokenizer = load_smollm2()
+    drafter = LongSparkDrafterModel.from_pretrained(SHIPPED_DRAFTER_DIR, dtype=target.dtype)
+    costs = calibrated_costs(target, drafter)  # the verification costs of this machine
     prompts = long_context_prompts(tokenizer, args.lengths, len(args.lengths))
     min_matches = args.min_match
     for sampled in (False, True):

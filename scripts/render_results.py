@@ -29,6 +29,13 @@ END = "<!-- results:end -->"
 PLAIN_METHODS = ("plain", "plain_fast", "plain_static")
 MODES = {"greedy": "greedy", "sampled": "T=1"}
 PLAIN_LABELS = {"plain": "plain", "plain_fast": "fast path", "plain_static": "static cache"}
+# Column headers of the attribution methods (the reports' own labels are longer).
+SHORT_LABELS = {
+    "longspark_drafter_only": "drafter alone",
+    "longspark_lookup_only": "lookup alone",
+    "longspark_no_proposals": "no proposals (plain steps)",
+    "prompt_lookup_fast": "prompt lookup",
+}
 
 
 def read_report(path: Path) -> dict[str, Any]:
@@ -66,7 +73,8 @@ def readme_table(reports: list[dict[str, Any]]) -> str:
         for row in report["rows"]:
             if row["method"] not in methods and row["method"] not in PLAIN_METHODS and row["method"] != "longspark":
                 methods.append(row["method"])
-    labels = {row["method"]: row["label"] for report in reports for row in report["rows"]}
+    rows = [row for report in reports for row in report["rows"]]
+    labels = {row["method"]: SHORT_LABELS.get(row["method"], row["label"]) for row in rows}
     header = ["workload", "mode", "plain `generate`", "best plain path", *(labels[m] for m in methods), "**LongSpark**",
               "LongSpark tau", "LongSpark vs plain", "vs best plain", "identical to plain"]  # fmt: skip
     lines = ["| " + " | ".join(header) + " |", "|---|---|" + "---:|" * (len(header) - 3) + "---|"]

@@ -12,7 +12,13 @@ torch.set_num_threads(1)
 
 # The slowest modules first (vLLM's engines, the chi-square tests), so that with `-n 2 --dist loadfile` (the README's
 # test command) the other worker takes the many short modules meanwhile instead of waiting for them at the end.
-SLOWEST_MODULES = ("test_vllm.py", "test_generation.py", "test_draft_vocab.py", "test_exactness.py")
+SLOWEST_MODULES = (
+    "test_vllm.py",
+    "test_generation.py",
+    "test_draft_vocab.py",
+    "test_exactness.py",
+    "test_calibration.py",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -38,7 +38,7 @@ def cache_dir(tmp_path, monkeypatch):
 def write_calibration(target, drafter, costs: dict) -> None:
     path = calibration_path(calibration_key(target, drafter))
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"version": 1, "costs": costs}))
+    path.write_text(json.dumps({"version": 2, "costs": costs}))
 
 
 def spy_on_costs(monkeypatch) -> list[RoundCosts]:
@@ -63,6 +63,18 @@ def test_calibration_measures_finite_costs_without_touching_the_global_rng():
         assert math.isfinite(value) and value >= 0, (name, value)
     assert result.step_ms > 0 and result.draft_round_ms > 0 and sorted(result.verify_ms) == [1, 2, 4, 7]
     assert result.key == calibration_key(target, drafter)
+
+
+def test_the_calibration_drafts_every_round_whatever_the_calls_own_sources():
+    """A calibration started inside a call with the drafter priced out or lookup on still times drafter rounds."""
+    target = make_target("llama")
+    drafter = make_drafter(target)
+    drafter.generation_config.use_drafter = False
+    drafter.generation_config.lookup_min_match = 2
+    forwards = []
+    drafter.register_forward_hook(lambda *args: forwards.append(1))
+    calibrate(target, drafter, repeats=2)
+    assert len(forwards) == 3  # a warm-up and two timed rounds
 
 
 def test_a_calibration_is_measured_once_then_read_from_the_cache(cache_dir, monkeypatch):

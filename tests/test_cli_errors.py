@@ -63,6 +63,17 @@ def test_unknown_config_field(tmp_path, capsys):
     assert f"Unknown field(s) in the training config {config}: 'learning_rat' (did you mean 'learning_rate'?)" in line
 
 
+def test_a_wrong_typed_config_value_is_named_before_the_target_loads(tmp_path, capsys):
+    config = write_config(tmp_path / "run.yaml", "output_dir: out\ntrain_data: data\nmax_steps: lots\n")
+    line = cli_error(["train", "--config", config], capsys)
+    assert "max_steps must be an integer or null, got 'lots'" in line
+
+
+@pytest.mark.parametrize("argv", [["bench", "--frobnicate", "3"], ["bench", "speed", "--frobnicate=3"]])
+def test_an_unknown_option_is_named(argv, capsys):
+    assert "unknown option(s) --frobnicate" in cli_error(argv, capsys)
+
+
 def test_missing_and_malformed_config_files(tmp_path, capsys):
     line = cli_error(["train", "--config", tmp_path / "missing.yaml"], capsys)
     assert f"Training config {tmp_path}/missing.yaml does not exist" in line

@@ -212,6 +212,20 @@ def _add_debug_flag(parser: argparse.ArgumentParser, default: bool | str) -> Non
                 _add_debug_flag(subparser, default=argparse.SUPPRESS)  # keeps a --debug given before the name
 
 
+def unknown_options(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """The `--options` of `argv` that no (sub)command of `parser` knows, even as an abbreviation."""
+    known: set[str] = set()
+    parsers = [parser]
+    while parsers:
+        current = parsers.pop()
+        for action in current._actions:
+            known.update(action.option_strings)
+            if isinstance(action, argparse._SubParsersAction):
+                parsers.extend(action.choices.values())
+    names = [arg.split("=", 1)[0] for arg in argv if arg.startswith("--") and arg != "--"]
+    return [name for name in names if not any(option.startswith(name) for option in known)]
+
+
 def error_line(error: BaseException) -> str:
     """The error as one line: what went wrong, and (in the library's messages) how to fix it."""
     if isinstance(error, OSError) and error.strerror and error.filename is not None:
@@ -224,7 +238,13 @@ def error_line(error: BaseException) -> str:
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    unknown = unknown_options(parser, argv)
+    if unknown:  # argparse would read the option's value as a subcommand and name that instead
+        names = ", ".join(unknown)
+        print(f"longspark: error: unknown option(s) {names}; see `longspark COMMAND --help`", file=sys.stderr)
+        raise SystemExit(2)
+    args = parser.parse_args(argv)
     args.command_line = shlex.join(["longspark", *argv])  # recorded in benchmark reports and model cards
     try:
         args.run(args)

@@ -10,6 +10,8 @@ import dataclasses
 import json
 import os
 import re
+import types
+import typing
 from collections.abc import Callable, Mapping
 from difflib import get_close_matches
 from pathlib import Path
@@ -121,3 +123,35 @@ def check_fields(cls: type, values: Mapping[str, Any], where: str) -> None:
     missing = [name for name in required if name not in values]
     if missing:
         raise ValueError(f"The {where} lacks the required field(s) {', '.join(missing)}; add them.")
+
+
+def check_types(cls: type, values: Mapping[str, Any], where: str) -> None:
+    """Raises `ValueError` naming the field, the type it needs and the value found, for a value of `values` that does
+    not fit the annotation of the dataclass `cls`'s field (integers, floats, strings, booleans, optional ones and
+    unions of those are checked; containers and `Any` are left to the code that reads them)."""
+    hints = typing.get_type_hints(cls)
+    for name, value in values.items():
+        expected = _simple_types(hints.get(name, Any))
+        if expected is None or any(_fits(value, kind) for kind in expected):
+            continue
+        needs = " or ".join(_TYPE_NAMES.get(kind, getattr(kind, "__name__", str(kind))) for kind in expected)
+        raise ValueError(f"The {where}: {name} must be {needs}, got {value!r}. Fix it in the file.")
+
+
+_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "null"}
+
+
+def _simple_types(hint: Any) -> tuple[type, ...] | None:
+    """The plain types `hint` allows, or `None` when it allows something this check does not judge."""
+    arguments = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if not all(kind in _TYPE_NAMES for kind in arguments):
+        return None
+    return arguments
+
+
+def _fits(value: Any, kind: type) -> bool:
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind)

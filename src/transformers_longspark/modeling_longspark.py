@@ -182,13 +182,9 @@ class LongSparkDrafterModel(LongSparkPreTrainedModel):
         # CPU has native bf16 kernels (`packed_linear.fast_dtype`), else in the drafter's dtype; or torch.float32 /
         # torch.bfloat16. Exactness does not depend on it (the verifier reads the law the drafter produced).
         self.linear_dtype: torch.dtype | str = "auto"
-        # Read by the generate hook as transformers reads an assistant's: `assistant_confidence_threshold` ends a block
-        # at the first drafted token (after the first) whose draft probability is below it, and LongSpark's own
-        # `block_confidence_threshold` (unset: 0) where the product of the block's draft probabilities falls below it
-        # (for machines where each verified token costs a share of a step, e.g. a CPU); `lookup_min_match`,
-        # `lookup_num_tokens` and `lookup_choose_length` (unset: True) set the lookup source; `draft_round_cost`,
-        # `verify_round_cost`, `verify_token_cost` and `step_doubling_length` the cost model of the source choice
-        # (`inference/planning.py`; unset: 0, every round proposes). Saved with the weights.
+        # The drafting knobs (confidence cuts, lookup source, cost model or its calibration), read by the generate hook
+        # as transformers reads an assistant's; typed, documented and validated in `inference/knobs.py`
+        # (`DraftingKnobs`). Saved with the weights.
         self.generation_config = GenerationConfig(assistant_confidence_threshold=DEFAULT_CONFIDENCE_THRESHOLD)
         self.post_init()
 

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel
 
 from ..inference.verification import fast_verification, reserve_cache_rows
+from ..transformers_private import attention_implementation
 from .common import machine_info, measure, prefill, timed_call
 from .defaults import DEFAULT_NUM_TOKENS, DEFAULT_VERIFY_PREFIX_LENGTHS
 
@@ -96,7 +97,7 @@ def run_verify_cost(
     if not lengths or not counts or min(lengths) < 1 or min(counts) < 1:
         raise ValueError(f"Need positive prefix lengths and token counts, got {prefix_lengths} and {num_tokens}.")
     config = target.config.get_text_config()
-    attention = target.config._attn_implementation
+    attention = attention_implementation(target.config)
     if attention != "sdpa":
         warnings.warn(
             f"The target uses {attention!r} attention, which fast_verification keeps: only the reserved "

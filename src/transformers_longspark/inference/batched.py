@@ -34,6 +34,7 @@ from transformers.generation.stopping_criteria import StoppingCriteriaList
 
 from ..context_state import gather_columns, last_real_columns
 from ..modeling_longspark import LongSparkDrafterModel
+from ..transformers_private import pad_token_tensor
 from .batched_checks import (
     check_batched_generation,
     check_default_position_ids,
@@ -127,7 +128,7 @@ class BatchedSpeculativeDecoder:
         # The most tokens a round proposes (the drafter's block, or a longer lookup continuation).
         self.block_size = self.settings.max_proposal_tokens
         self.target, self.cache = target, cache
-        pad = getattr(generation_config, "_pad_token_tensor", None)
+        pad = pad_token_tensor(generation_config)
         self.pad_token_id = int(pad) if pad is not None else 0  # no pad: every sequence reaches max_length
         self.max_length = generation_config.max_length
         self.state = self.session.new_state()

@@ -9,7 +9,8 @@ target: random tokens, the fast verification path, one `DraftSession`) and cache
 config and dtype, and the drafter's config and linear dtype. `longspark calibrate` measures (or re-measures) ahead
 of time. A cached file with a nonsensical cost (negative, non-finite) is measured again, with a warning.
 
-What is measured, interleaved so that a busy machine skews all parts alike (medians of `repeats`):
+What is measured, interleaved so that a busy machine skews all parts alike (the fastest of `repeats` each: other
+processes only ever add time):
 - `step`: a one-token forward of the target at a short prefix (`SHORT_PREFIX`);
 - a drafter round (boundary states, context read with the summary update, planning, the drafter forward and its
   token loop) -> `draft_round_cost = round / step`;
@@ -45,11 +46,11 @@ from .verification import fast_verification
 
 logger = logging.getLogger("transformers_longspark")
 
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2
 SHORT_PREFIX = 128
 LONG_PREFIX = 1024
 VERIFY_TOKENS = (1, 2, 4, 7)
-REPEATS = 5
+REPEATS = 7
 # Growth of the step below this fraction between the two prefixes is noise: the step is taken as flat.
 MIN_STEP_GROWTH = 0.05
 
@@ -78,6 +79,7 @@ def calibration_key(target: PreTrainedModel, drafter: LongSparkDrafterModel) -> 
     machine = _cpu_name() if device.type == "cpu" else torch.cuda.get_device_name(device)
     config = target.config.to_json_string(use_diff=False)
     return {
+        "version": CALIBRATION_VERSION,
         "machine": machine,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "threads": torch.get_num_threads(),
@@ -157,7 +159,8 @@ def calibrate(target: PreTrainedModel, drafter: LongSparkDrafterModel, repeats: 
     generator = torch.Generator().manual_seed(0)
     max_positions = getattr(target.config.get_text_config(), "max_position_embeddings", LONG_PREFIX + 64)
     long_prefix = max(SHORT_PREFIX + 64, min(LONG_PREFIX, max_positions - 64))
-    settings = replace(DraftSettings.from_drafter(drafter), lookup_min_match=0, costs=RoundCosts())
+    # Every round drafts, whatever this call's own settings (a call may have the drafter or lookup off).
+    settings = replace(DraftSettings.from_drafter(drafter), lookup_min_match=0, use_drafter=True, costs=RoundCosts())
     prompt = torch.randint(vocab, (1, SHORT_PREFIX), generator=generator).to(device)
     steps, rounds, verify = [], [], {k: [] for k in VERIFY_TOKENS}
     session = DraftSession(drafter, target, settings)
@@ -179,13 +182,13 @@ def calibrate(target: PreTrainedModel, drafter: LongSparkDrafterModel, repeats: 
         long_steps = _long_steps(target, vocab, long_prefix, repeats, generator)
     finally:
         session.close()
-    step, long_step = _median(steps[1:]), _median(long_steps[1:])
-    verify_ms = {k: _median(times[1:]) * 1e3 for k, times in verify.items()}
+    step, long_step, draft_round = min(steps[1:]), min(long_steps[1:]), min(rounds[1:])
+    verify_ms = {k: min(times[1:]) * 1e3 for k, times in verify.items()}
     round_cost, token_cost = _line([(k, verify_ms[k] / (step * 1e3) - 1.0) for k in VERIFY_TOKENS])
     growth = long_step / step - 1.0
     doubling = round((long_prefix - SHORT_PREFIX) / growth) if growth > MIN_STEP_GROWTH else 0
     costs = RoundCosts(
-        draft_round_cost=_median(rounds[1:]) / step,
+        draft_round_cost=draft_round / step,
         verify_round_cost=max(0.0, round_cost),
         verify_token_cost=max(0.0, token_cost),
         step_doubling_length=int(doubling),
@@ -195,7 +198,7 @@ def calibrate(target: PreTrainedModel, drafter: LongSparkDrafterModel, repeats: 
         costs=costs,
         step_ms=step * 1e3,
         long_step_ms=long_step * 1e3,
-        draft_round_ms=_median(rounds[1:]) * 1e3,
+        draft_round_ms=draft_round * 1e3,
         verify_ms=verify_ms,
         key=calibration_key(target, drafter),
     )
@@ -208,7 +211,10 @@ def _drafter_round(session: DraftSession, state, planner, cache, ids: torch.Long
     zero = torch.zeros(1, dtype=torch.long, device=ids.device)
     room = session.settings.max_proposal_tokens
     requests = DraftRequests(torch.cat([ids, ids.new_zeros(1, room)], dim=1), zero, zero + ids.shape[1], zero + room)
-    session.propose(context, requests, session.plan(requests, [planner]))
+    plan = session.plan(requests, [planner])
+    if not plan.drafts:
+        raise RuntimeError(f"The calibration's drafter round did not draft (plan {plan.sources}).")
+    session.propose(context, requests, plan)
 
 
 def _long_steps(target, vocab: int, length: int, repeats: int, generator: torch.Generator) -> list[float]:
@@ -236,12 +242,6 @@ def _timed(device: torch.device, function, *args, **kwargs) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - start
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def _line(points: list[tuple[float, float]]) -> tuple[float, float]:

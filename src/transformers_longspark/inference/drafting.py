@@ -29,6 +29,7 @@ from transformers.generation.logits_process import (
 
 from ..context_state import DraftContext
 from ..modeling_longspark import LongSparkDrafterModel
+from ..transformers_private import eos_token_tensor
 from .knobs import DraftingKnobs
 from .lookup import SuffixIndex, point_mass_logits
 from .planning import RoundCosts, RoundPlan, RoundPlanner, Source, batch_round_pays
@@ -106,7 +107,7 @@ class DraftSettings:
             drafter,
             costs,
             do_sample=bool(generation_config.do_sample),
-            eos_token_ids=getattr(generation_config, "_eos_token_tensor", None),
+            eos_token_ids=eos_token_tensor(generation_config),
             logits_processor=logits_processor or None,
         )
 

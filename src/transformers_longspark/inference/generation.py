@@ -23,12 +23,12 @@ from transformers.cache_utils import StaticCache, StaticLayer
 from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
 from transformers.generation.logits_process import LogitsProcessorList
-from transformers.generation.utils import GenerationMixin
 
 from ..context_state import DraftContext
 from ..modeling_longspark import LongSparkDrafterModel
 from ..packed_linear import packed_drafter_weights
 from ..targets import check_target_compatible
+from ..transformers_private import original_generation_methods, patch_generation_methods
 from .calibration import costs_for_generate
 from .drafting import DraftRequests, DraftSettings, Proposal
 from .knobs import DraftingKnobs
@@ -144,9 +144,10 @@ class _OpenGenerators(threading.local):
 
 
 _open = _OpenGenerators()
-_original_get_candidate_generator = GenerationMixin._get_candidate_generator
-_original_validate_generation_mode = GenerationMixin._validate_generation_mode
-_original_assisted_decoding = GenerationMixin._assisted_decoding
+_ORIGINAL = original_generation_methods()
+_original_get_candidate_generator = _ORIGINAL["_get_candidate_generator"]
+_original_validate_generation_mode = _ORIGINAL["_validate_generation_mode"]
+_original_assisted_decoding = _ORIGINAL["_assisted_decoding"]
 
 
 def _get_candidate_generator(
@@ -240,10 +241,15 @@ def check_dynamic_cache(cache) -> None:
 
 
 def install_generation_hook() -> None:
-    """Routes `generate(assistant_model=<LongSparkDrafterModel>)` to `LongSparkCandidateGenerator` (idempotent)."""
-    GenerationMixin._get_candidate_generator = _get_candidate_generator
-    GenerationMixin._validate_generation_mode = _validate_generation_mode
-    GenerationMixin._assisted_decoding = _assisted_decoding
+    """Routes `generate(assistant_model=<LongSparkDrafterModel>)` to `LongSparkCandidateGenerator` (idempotent); refuses
+    a transformers version whose private API it was not written for (`transformers_private.check_transformers`)."""
+    patch_generation_methods(
+        {
+            "_get_candidate_generator": _get_candidate_generator,
+            "_validate_generation_mode": _validate_generation_mode,
+            "_assisted_decoding": _assisted_decoding,
+        }
+    )
 
 
 __all__ = [

@@ -44,6 +44,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ..packed_linear import packed_linear_weights
+from ..transformers_private import attention_implementation, set_attention_implementation
 
 ATTENTION_NAME = "longspark_verification"
 # Queries per forward up to which attention is computed on grouped heads; longer ones (prefill) use stock `sdpa`.
@@ -204,11 +205,11 @@ def fast_verification(
     config = model.config
     key = id(config)
     with _switch_lock:
-        previous, count = _switched.get(key, (config._attn_implementation, 0))
+        previous, count = _switched.get(key, (attention_implementation(config), 0))
         switch = previous == "sdpa"
         if switch:
             _switched[key] = (previous, count + 1)
-            config._attn_implementation = ATTENTION_NAME
+            set_attention_implementation(config, ATTENTION_NAME)
     _thread.depth += 1
     try:
         with packed_linear_weights(model) if packed_weights else contextlib.nullcontext():
@@ -221,7 +222,7 @@ def fast_verification(
                 if count > 1:
                     _switched[key] = (previous, count - 1)
                 else:
-                    config._attn_implementation = previous
+                    set_attention_implementation(config, previous)
 
 
 __all__ = [

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from .. import register
 from ..configuration_longspark import LongSparkConfig
-from ..files import check_fields, looks_like_hub_id, read_yaml, require_path
+from ..files import check_fields, check_types, looks_like_hub_id, read_yaml, require_path
 from ..inference.stats import tau
 from ..loading import load_target
 from ..modeling_longspark import LongSparkDrafterModel
@@ -77,6 +77,7 @@ class TrainingConfig:
             raise ValueError(f"Training config {path} must map field names to values (`output_dir: runs/x`).")
         values.update({k: v for k, v in overrides.items() if v is not None})
         check_fields(cls, values, f"training config {path}")
+        check_types(cls, values, f"training config {path}")
         return cls(**values)
 
     def check_paths(self) -> None:

@@ -1,0 +1,158 @@
+"""The benchmark commands: parsing, the memory, batched and tau reports, and their command lines."""
+
+import argparse
+import json
+import subprocess
+import sys
+
+import pytest
+
+from helpers import context_target, make_drafter, make_oracle_drafter, make_target
+from transformers_longspark import benchmarks
+from transformers_longspark.benchmarks import memory, run_batched_benchmark
+from transformers_longspark.benchmarks.batched import format_batched
+from transformers_longspark.benchmarks.report import format_memory
+from transformers_longspark.inference.stats import tau
+
+# --- command line -------------------------------------------------------------------------------------------------
+
+
+def test_cli_subcommands_parse():
+    parser = argparse.ArgumentParser(prog="longspark")
+    benchmarks.add_bench_arguments(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "--json", "a.json", "--markdown", "a.md", "--max-new-tokens", "16"])
+    assert args.command == "bench" and args.bench_command is None and args.max_new_tokens == 16
+    argv = ["bench", "drafting-cost", "--json", "c.json", "--plot", "c.png", "--prefix-lengths", "64"]
+    args = parser.parse_args(argv)
+    assert args.bench_command == "drafting-cost" and str(args.plot) == "c.png" and args.prefix_lengths == [64]
+    args = parser.parse_args(["bench", "memory", "--prompt-lengths", "1024", "8192"])
+    assert args.bench_command == "memory" and args.max_new_tokens == 16 and args.num_threads == 1
+    args = parser.parse_args(["bench", "speed", "--modes", "greedy", "--methods", "plain", "longspark"])
+    assert args.bench_command == "speed" and args.methods == ["plain", "longspark"]
+    args = parser.parse_args(["bench", "--methods", "longspark", "longspark_stock_verify", "prompt_lookup_fast"])
+    assert args.methods == ["longspark", "longspark_stock_verify", "prompt_lookup_fast"]
+
+
+def test_memory_benchmark_report(tmp_path, monkeypatch):
+    """The per-configuration workers run in-process here (the real command spawns fresh interpreters)."""
+    target = make_target("llama")
+    drafter = make_drafter(target)
+    target.save_pretrained(tmp_path / "target")
+    drafter.save_pretrained(tmp_path / "drafter")
+    commands = []
+
+    def fake_run(command, **kwargs):
+        commands.append(command)
+        assert command[0] == sys.executable and "_memory_worker_main" in command[2]
+        output = "MEMORY-RESULT " + json.dumps(memory._memory_worker(json.loads(command[-1])))
+        return subprocess.CompletedProcess(command, 0, stdout=f"noise\n{output}\n", stderr="")
+
+    monkeypatch.setattr(memory.subprocess, "run", fake_run)
+    result = benchmarks.run_memory_benchmark(
+        (16, 48), max_new_tokens=4, target=str(tmp_path / "target"), drafter=str(tmp_path / "drafter")
+    )
+    assert [json.loads(c[-1])["mode"] for c in commands] == ["plain", "assisted"] * 2
+    assert [row["prompt_length"] for row in result["lengths"]] == [16, 48]
+    assert len(result["runs"]) == 4 and all(run["new_tokens"] == 4 for run in result["runs"])
+    for row in result["lengths"]:
+        assert {"plain_peak_mib", "assisted_peak_mib", "extra_peak_mib", "extra_runtime_mib"} <= set(row)
+        assert row["plain_peak_mib"] > 0 and row["drafter_context_state_bytes"] > 0
+    assert "extra_peak_growth_mib" in result
+    assert "| 48 |" in format_memory(result)
+
+
+# --- batched benchmark -----------------------------------------------------------------------------------------------
+
+
+def test_batched_benchmark_report():
+    target = context_target("llama")
+    drafter = make_oracle_drafter(target, window_size=8, block_size=4)
+    prompts = {"short": [[5, 9, 28], [7, 1, 3, 7, 1]], "long": [list(range(1, 41))]}
+    report = run_batched_benchmark(target, drafter, prompts, batch_sizes=(1, 2, 3), max_new_tokens=8,
+                                   modes=("greedy", "sampled"), pad_token_id=0)  # fmt: skip
+    keys = {(row["workload"], row["mode"], row["batch_size"]) for row in report["rows"]}
+    assert keys == {(w, m, b) for w in prompts for m in ("greedy", "sampled") for b in (1, 2, 3)}
+    for row in report["rows"]:
+        assert row["plain_new_tokens"] == row["longspark_new_tokens"] == 8 * row["batch_size"]  # no EOS
+        assert row["plain_tokens_per_s"] > 0 and row["longspark_tokens_per_s"] > 0 and row["tau"] >= 1.0
+        assert row["greedy_identical"] is (True if row["mode"] == "greedy" else None)
+    assert [r["padded_width"] for r in report["rows"] if r["workload"] == "short"][:3] == [3, 5, 5]
+    table = format_batched(report)
+    assert table.count("\n| short | greedy |") == 3 and "| long | sampled | 3 | 40 |" in table
+
+
+def test_batched_benchmark_command_line(tmp_path, monkeypatch):
+    """`longspark bench --batch-sizes ...` end to end, on a tiny target (its loading and prompts stubbed)."""
+    from types import SimpleNamespace
+
+    from transformers_longspark.benchmarks import cli
+
+    target = context_target("qwen3")
+    drafter = make_oracle_drafter(target, window_size=8, block_size=4)
+    monkeypatch.setattr(cli, "_load_target", lambda args: (target, SimpleNamespace(pad_token_id=0, eos_token_id=1)))
+    monkeypatch.setattr(cli, "_load_drafter", lambda args, target: (drafter, {"trained": False}))
+    monkeypatch.setattr(cli, "short_prompts", lambda tokenizer, n, held_out: [{"input_ids": [5, 9, 28]}] * n)
+    monkeypatch.setattr(cli, "long_context_prompts", lambda *a, **k: [{"input_ids": list(range(2, 30))}])
+    path = tmp_path / "batched.json"
+    benchmarks.main(["--batch-sizes", "1", "4", "--max-new-tokens", "6", "--modes", "greedy", "--json", str(path)])
+    report = json.loads(path.read_text())
+    assert report["benchmark"] == "batched" and report["command"].startswith("longspark bench --batch-sizes 1 4")
+    assert [(row["workload"], row["batch_size"]) for row in report["rows"]] == [("short", 1), ("short", 4),
+                                                                                ("long", 1), ("long", 4)]  # fmt: skip
+    assert all(row["greedy_identical"] for row in report["rows"])
+
+
+def test_speed_comparison_command_line_without_batch_sizes(monkeypatch):
+    """`longspark bench` without `--batch-sizes` asks for `--num-short-prompts` prompts and runs the comparison."""
+    from types import SimpleNamespace
+
+    from transformers_longspark.benchmarks import cli
+
+    target = context_target("qwen3")
+    monkeypatch.setattr(cli, "_load_target", lambda args: (target, SimpleNamespace(pad_token_id=0, eos_token_id=1)))
+    monkeypatch.setattr(cli, "_load_drafter", lambda args, target: (make_drafter(target), {"trained": False}))
+    asked = []
+    monkeypatch.setattr(cli, "short_prompts", lambda tokenizer, n, held_out: asked.append(n) or [])
+    compared = []
+    monkeypatch.setattr(cli, "run_speed_benchmark", lambda *args, **kwargs: compared.append(args) or {"rows": []})
+    monkeypatch.setattr(cli, "format_markdown", lambda result: "")
+    benchmarks.main(["--workloads", "short", "--num-short-prompts", "3"])
+    assert asked == [3] and len(compared) == 1
+
+
+# --- tau of several drafters ---------------------------------------------------------------------------------------
+
+
+def test_tau_command_compares_drafters_on_the_same_prompts(tmp_path, monkeypatch):
+    """`longspark bench tau --drafter NAME=FOLDER ...`: every drafter decodes every prompt; greedy outputs agree, and
+    tau and the per-position acceptance come from `inference.stats`."""
+    from types import SimpleNamespace
+
+    from transformers_longspark.benchmarks import cli
+
+    target = context_target("qwen3")
+    drafters = {
+        str(tmp_path / "oracle"): make_oracle_drafter(target, window_size=8, block_size=4),
+        str(tmp_path / "random"): make_drafter(target),
+    }
+    for folder in drafters:
+        (tmp_path / folder).mkdir()
+    monkeypatch.setattr(cli, "_load_target", lambda args: (target, SimpleNamespace(pad_token_id=0, eos_token_id=1)))
+    monkeypatch.setattr(cli, "_load_drafter_from", lambda args, target, path: (drafters[path], {"path": path}))
+    monkeypatch.setattr(cli, "short_prompts", lambda tokenizer, n, held_out: [{"input_ids": [5, 9, 28]}] * n)
+    monkeypatch.setattr(cli, "long_context_prompts", lambda *a, **k: [{"input_ids": list(range(2, 30))}])
+    path = tmp_path / "tau.json"
+    oracle, random = (f"--drafter={name}={folder}" for name, folder in zip(("oracle", "random"), drafters))
+    benchmarks.main(["tau", oracle, random, "--num-short-prompts", "2", "--max-new-tokens", "8", "--json", str(path)])
+    report = json.loads(path.read_text())
+    rows = {(row["workload"], row["drafter"]): row for row in report["rows"]}
+    assert set(rows) == {(w, d) for w in ("short", "long") for d in ("oracle", "random")}
+    for row in rows.values():
+        assert row["greedy_identical"] and row["tau"] == tau(row["new_tokens"], row["rounds"], row["prompts"])
+    assert rows["short", "oracle"]["tau"] > rows["short", "random"]["tau"]
+    assert rows["long", "oracle"]["acceptance_rates"][0] > 0 and rows["short", "random"]["acceptance_rates"] == []
+
+
+def test_tau_command_rejects_an_unnamed_drafter(tmp_path):
+    with pytest.raises(ValueError, match="NAME=FOLDER"):
+        benchmarks.main(["tau", f"--drafter={tmp_path}"])
