@@ -42,6 +42,7 @@ PACKED = ("tests/test_packed_linear.py",)
 NETWORK = ("tests/test_golden.py",)
 TRAINING = ("tests/test_training.py",)
 WARM_START = ("tests/test_warm_start.py",)
+CALIBRATION = ("tests/test_calibration.py",)
 # The wiring between units (issue 31): small end-to-end files, one concept each.
 PROCESSORS_ON_LOOKUP = ("tests/test_processors_with_lookup.py",)
 PLANNER_RECORDS = ("tests/test_planner_records.py",)
@@ -252,6 +253,19 @@ MUTATIONS = [
     Mutation("warm start: the input projection reads the boundary, not the token", "training/warm_start.py",
              "drafter.project_inputs.weight[:, :hidden].copy_(torch.eye(hidden))",
              "drafter.project_inputs.weight[:, hidden:].copy_(torch.eye(hidden))", WARM_START),
+    # Costs measured on the machine, the knobs' validation, batches planned as a whole.
+    Mutation("generate ignores the calibration: the drafter's own cost fields plan", "inference/calibration.py",
+             "return calibrated_costs(target, drafter)", "return None", CALIBRATION),
+    Mutation("the calibration times the rounds of a call whose drafter is off", "inference/calibration.py",
+             "lookup_min_match=0, use_drafter=True, costs=RoundCosts()", "lookup_min_match=0, costs=RoundCosts()",
+             CALIBRATION),
+    Mutation("a nonsensical cached calibration is trusted", "inference/calibration.py",
+             'return check_costs(RoundCosts(**data["costs"]), f"The calibration in {path}")',
+             'return RoundCosts(**data["costs"])', CALIBRATION),
+    Mutation("out-of-range costs and thresholds pass the knobs' check", "inference/knobs.py",
+             "not math.isfinite(value) or not low <= value <= high:", "not math.isfinite(value):", CALIBRATION),
+    Mutation("a batched round proposes whatever its widest proposal costs", "inference/drafting.py",
+             "    if len(planners) > 1:  # a batch verifies", "    if False:  # a batch verifies", PLANNING),
 ]  # fmt: skip
 
 

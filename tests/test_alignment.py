@@ -40,6 +40,7 @@ def alignment_drafter(target, seed: int = 1, **overrides):
         vocab = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(seed))[:draft_vocab_size]
         drafter = drafter.with_draft_vocab(vocab).eval()
     drafter.generation_config.assistant_confidence_threshold = 0.0  # whole blocks: the schedule forces acceptance
+    drafter.linear_dtype = torch.float32  # the training views run in fp32: compare logits at the same precision
     drafter.bind_target(target)
     return drafter
 

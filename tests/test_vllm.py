@@ -357,6 +357,7 @@ def load_lookup_drafter(served):
 
     drafter, _ = load_drafter(served["target"], served["drafter_dir"])
     assert drafter.generation_config.lookup_min_match == 2
+    drafter.linear_dtype = torch.float32  # the proposer's linear layers run in fp32: the same argmax drafts
     return drafter
 
 
