@@ -5,17 +5,8 @@ import random
 import pytest
 import torch
 
+from helpers import longest_earlier_match
 from transformers_longspark.inference.lookup import SuffixIndex, point_mass_logits
-
-
-def brute_force_match(tokens: list[int], min_ngram: int, max_ngram: int) -> tuple[int, int]:
-    """The longest suffix (up to `max_ngram`) that occurred earlier with a token after it; the latest such start."""
-    for n in range(min(max_ngram, len(tokens) - 1), min_ngram - 1, -1):
-        suffix = tokens[len(tokens) - n :]
-        for end in range(len(tokens) - 1, n - 1, -1):  # the occurrence tokens[end - n : end] is followed by tokens[end]
-            if tokens[end - n : end] == suffix:
-                return n, end
-    return 0, -1
 
 
 @pytest.mark.parametrize("vocab, min_ngram, max_ngram", [(3, 1, 4), (5, 2, 6), (50, 2, 3)])
@@ -30,7 +21,7 @@ def test_index_matches_brute_force_on_random_streams(vocab, min_ngram, max_ngram
                 new = stream[start : start + rng.randint(2, 6)]
             stream += new
             index.extend(new)
-            assert index.longest_match() == brute_force_match(stream, min_ngram, max_ngram)
+            assert index.longest_match() == longest_earlier_match(stream, min_ngram, max_ngram)
             n, start = index.longest_match()
             continuation, matched = index.propose(4)
             assert matched == n
@@ -77,7 +68,7 @@ def test_generate_proposes_the_continuation_of_the_current_suffix(batch_size, mo
         proposal = original_propose(drafter, context, requests, settings, plan)
         tokens, num_drafted = proposal.tokens, proposal.num_drafted
         for r in proposal.from_lookup.nonzero()[:, 0].tolist():
-            n, start = brute_force_match(before[r], 2, drafting.LOOKUP_MAX_NGRAM)
+            n, start = longest_earlier_match(before[r], 2, drafting.LOOKUP_MAX_NGRAM)
             expected = (before[r] + [0] * 16)[start : start + int(num_drafted[r])]
             proposed = tokens[r, : int(num_drafted[r])].tolist()
             assert n >= 2 and proposed[: len(before[r]) - start] == expected[: len(before[r]) - start]
