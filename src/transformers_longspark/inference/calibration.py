@@ -107,14 +107,13 @@ def costs_for_generate(target: PreTrainedModel, drafter: LongSparkDrafterModel) 
     return calibrated_costs(target, drafter)
 
 
-def calibrated_costs(target: PreTrainedModel, drafter: LongSparkDrafterModel, force: bool = False) -> RoundCosts:
+def calibrated_costs(target: PreTrainedModel, drafter: LongSparkDrafterModel) -> RoundCosts:
     """The costs of `drafter`'s rounds with `target` on this machine: from this process, from the cache, or measured
-    now and cached (`force`: measured now)."""
-    key = calibration_key(target, drafter)
-    path = calibration_path(key)
-    if not force and path.name in _calibrated:
+    now and cached (`calibrate_and_cache` measures again)."""
+    path = calibration_path(calibration_key(target, drafter))
+    if path.name in _calibrated:
         return _calibrated[path.name]
-    costs = None if force else _read_cached(path)
+    costs = _read_cached(path)
     if costs is None:
         logger.warning(
             "LongSpark: measuring the round costs of this drafter with this target on this machine (once, a few "
