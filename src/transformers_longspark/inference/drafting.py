@@ -333,7 +333,9 @@ def plan_round(requests: DraftRequests, settings: DraftSettings, planners: list[
     return RoundPlan(sources, continuations)
 
 
-def _expected_proposal(planner: RoundPlanner, source: Source, continuation: list[int] | None, settings) -> int:
+def _expected_proposal(
+    planner: RoundPlanner, source: Source, continuation: list[int] | None, settings: DraftSettings
+) -> int:
     """The tokens a request's round is expected to propose: its lookup continuation, or the drafter's running mean
     (its confidence cuts end blocks early), or the block while the drafter is untried."""
     if source is Source.LOOKUP:

@@ -111,7 +111,7 @@ class DraftSession:
         proposal = propose_blocks(self.drafter, context, requests, self.settings, plan)
         self.stats.proposal_seconds += time.perf_counter() - start
         self.stats.drafter_forward_seconds += proposal.forward_seconds
-        self.stats.drafter_rounds += int(proposal.forward_seconds > 0)
+        self.stats.drafter_rounds += int(Source.DRAFTER in proposal.sources)
         self.stats.rounds += len(requests.rows)
         self.stats.batch_rounds += 1
         self.stats.drafted_tokens += int(proposal.num_drafted.sum())
