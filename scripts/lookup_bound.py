@@ -36,7 +36,7 @@ def first_copy_probabilities(target, prompt_ids: list[int], sampled: bool, seed:
     index.extend(prompt_ids)
     for i in range(1, len(new)):
         index.extend([new[i - 1]])  # the anchor of round i
-        continuation, matched = index.propose(1)
+        continuation, matched = index.continuation(1)
         if not matched:
             rows.append(None)
         elif sampled:

@@ -51,6 +51,7 @@ TWO_THREADS = ("tests/test_two_speculative_threads.py",)
 CACHE_RESERVE = ("tests/test_cache_reserve.py",)
 EOS_CUT = ("tests/test_draft_eos_cut.py",)
 VLLM_FAKE_RUNNER = ("tests/test_vllm_proposer.py",)
+LONG_RANGE = ("tests/test_long_range_recall.py",)
 # The chi-square tests of test_generation check the verifier's law (independent of what the drafter sees); ~50 s.
 SLOW_TESTS = ["tests/test_generation.py::test_sampling_matches_the_exact_target_law",
               "tests/test_generation.py::test_chi_square_detects_a_broken_verifier"]  # fmt: skip
@@ -266,6 +267,21 @@ MUTATIONS = [
              "not math.isfinite(value) or not low <= value <= high:", "not math.isfinite(value):", CALIBRATION),
     Mutation("a batched round proposes whatever its widest proposal costs", "inference/drafting.py",
              "    if len(planners) > 1:  # a batch verifies", "    if False:  # a batch verifies", PLANNING),
+    # The global summary's incremental update, read by needle recall beyond the window (issue 33).
+    Mutation("the summary switched off at inference", "context_state.py",
+             "summary_values=list(state.summaries) if config.reads_summary else [],", "summary_values=[],",
+             LONG_RANGE),
+    Mutation("only the newest cache row folded into the summary", "context_state.py",
+             "keys[:, :, -new_rows:], values[:, :, -new_rows:], new_mask)", "keys[:, :, -1:], values[:, :, -1:], None)",
+             LONG_RANGE),
+    Mutation("summaries merged without their normalisers", "context_state.py",
+             "return log_norm, weight_a * out_a + weight_b * out_b", "return log_norm, 0.5 * (out_a + out_b)",
+             LONG_RANGE),
+    Mutation("only the first chunk of new rows folded", "context_state.py",
+             "for start in range(0, keys.shape[2], self.chunk_size):",
+             "for start in range(0, min(keys.shape[2], self.chunk_size), self.chunk_size):", LONG_RANGE),
+    Mutation("each chunk replaces the summary instead of merging into it", "context_state.py",
+             "self.log_norms[layer], self.summaries[layer] = log_norm, out", "self.summaries[layer] = out", LONG_RANGE),
 ]  # fmt: skip
 
 

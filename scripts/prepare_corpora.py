@@ -196,8 +196,9 @@ def main(argv: list[str] | None = None) -> None:
         yield from rust_documents(cache)
         yield from npm_documents(cache)
 
-    write_corpus(output, "code", code(), args.held_out_percent, args.max_chars_per_origin,
-                 frozenset(short_prompt_modules()))
+    write_corpus(
+        output, "code", code(), args.held_out_percent, args.max_chars_per_origin, frozenset(short_prompt_modules())
+    )
     write_corpus(output, "docs", docs_documents(cache), args.held_out_percent)
     write_corpus(output, "chat", chat_documents(), args.held_out_percent)
 

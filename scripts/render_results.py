@@ -7,8 +7,10 @@ reports, so that each figure is written in one place: the JSON of one benchmark 
 
 README.md holds the table between `<!-- results:begin REPORT.json ... -->` and `<!-- results:end -->`; the marker
 names the reports. The model card (`src/transformers_longspark/drafters/NAME/README.md`, written by `longspark card`)
-gets its "Measured" section re-rendered from the same reports, as `longspark card` writes it. `tests/test_docs.py`
-runs the check. Standard library only, apart from the model card's own table function.
+gets its "Measured" section re-rendered from the same reports, as `longspark card` writes it. Any other table of
+README.md, the card or `docs/*.md` sits between `<!-- table:begin REPORT.json -->` and `<!-- table:end -->` and is
+rendered from that one report (`bench tau`, with or without `--by-length`, and the long-range ablation).
+`tests/test_docs.py` runs the check.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 CARD = ROOT / "src" / "transformers_longspark" / "drafters" / "longspark-smollm2-135m-instruct" / "README.md"
+DOCS = ROOT / "docs"
 
 BEGIN = re.compile(r"<!-- results:begin(?P<reports>[^>]*)-->\n")
 END = "<!-- results:end -->"
@@ -140,6 +143,34 @@ def render_card(text: str, paths: list[Path]) -> str:
     return text[:start] + section + text[end:]
 
 
+TABLE = re.compile(r"<!-- table:begin (?P<report>\S+) -->\n(?P<table>.*?)<!-- table:end -->", re.DOTALL)
+
+
+def report_table(path: Path) -> str:
+    """The Markdown table of one benchmark report, by its 'benchmark' field (`bench tau`, the long-range ablation)."""
+    from transformers_longspark.benchmarks.recall_task import format_ablation
+    from transformers_longspark.benchmarks.tau import format_tau, format_tau_curve
+
+    report = json.loads(path.read_text(encoding="utf-8"))
+    kind = report.get("benchmark") if isinstance(report, dict) else None
+    if kind == "tau":
+        by_length = any("@" in row["workload"] for row in report["rows"])
+        return (format_tau_curve if by_length else format_tau)(report)
+    if kind == "long_range_ablation":
+        return format_ablation(report)
+    raise SystemExit(f"{path}: no table for a report of kind {kind!r} (its 'benchmark' field).")
+
+
+def render_tables(text: str) -> str:
+    """Re-renders every `<!-- table:begin REPORT.json -->` ... `<!-- table:end -->` block from its report."""
+
+    def table(match: re.Match) -> str:
+        report = match.group("report")
+        return f"<!-- table:begin {report} -->\n{report_table(ROOT / report)}<!-- table:end -->"
+
+    return TABLE.sub(table, text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("reports", nargs="*", type=Path, help="speed reports to render from (default: README's)")
@@ -148,9 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     readme = README.read_text(encoding="utf-8")
     paths = [p.resolve() for p in args.reports] or readme_reports(readme)
     stale = []
-    for path, render in ((README, render_readme), (CARD, render_card)):
+    renders = [(README, render_readme), (CARD, render_card)] + [(doc, None) for doc in sorted(DOCS.glob("*.md"))]
+    for path, render in renders:
         text = path.read_text(encoding="utf-8")
-        rendered = render(text, paths)
+        rendered = render_tables(text if render is None else render(text, paths))
         if rendered != text:
             stale.append(path.relative_to(ROOT).as_posix())
             if not args.check:

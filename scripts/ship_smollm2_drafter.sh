@@ -19,10 +19,13 @@ longspark bench --workloads long --num-long-prompts 4 --long-lengths 4096 8192 -
     --num-threads 2 --json results/speed_long.json --markdown results/speed_long.md
 longspark bench --workloads short --num-short-prompts 6 --max-new-tokens 96 "${methods[@]}" \
     --num-threads 2 --json results/speed_short.json --markdown results/speed_short.md
+longspark bench tau --workloads long --by-length --long-lengths 256 512 1024 2048 4096 8192 --num-long-prompts 4 \
+    --max-new-tokens 32 --drafter-alone --whole-blocks --num-threads 2 --json results/long_range_curve.json \
+    --plot results/long_range_curve.png
 # Stage 1's log predates token counting: 291.1 is the mean length of the 352 records it trained on.
 longspark card "$card" --benchmark results/speed_short.json results/speed_long.json \
     --training-config configs/smollm2-135m-cpu.yaml configs/smollm2-135m-cpu-continue.yaml \
     configs/smollm2-135m-cpu-corpora.yaml \
     --training-log results/smollm2-training-log.jsonl results/smollm2-training-log-stage2.jsonl \
     results/smollm2-training-log-stage3.jsonl --tokens-per-sequence 291.1 \
-    --notes model_cards/longspark-smollm2-135m-instruct-limits.md
+    --notes model_cards/longspark-smollm2-135m-instruct-limits.md --acceptance-curve results/long_range_curve.json

@@ -69,8 +69,18 @@ def main(argv: list[str] | None = None) -> None:
             seconds[run].append(step(run[0], sequence, run[1]))
     for (variant, anchors), times in seconds.items():
         mean = sum(times) / len(times)
-        print(json.dumps({"variant": variant, "anchors": anchors, "seq_len": args.seq_len, "seconds_per_step": mean,
-                          "target_tokens_per_s": args.seq_len / mean, "anchors_per_s": anchors / mean}))
+        print(
+            json.dumps(
+                {
+                    "variant": variant,
+                    "anchors": anchors,
+                    "seq_len": args.seq_len,
+                    "seconds_per_step": mean,
+                    "target_tokens_per_s": args.seq_len / mean,
+                    "anchors_per_s": anchors / mean,
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

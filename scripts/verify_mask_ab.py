@@ -68,8 +68,11 @@ def main() -> None:
         median = {key: 1000 * sorted(values)[len(values) // 2] for key, values in times.items()}
         rows = ", ".join(f"k={k} {median[(k, 'before')] / median[(1, 'before')]:.2f} -> "
                          f"{median[(k, 'after')] / median[(1, 'after')]:.2f}" for k in counts[1:])  # fmt: skip
-        print(f"prefix {length}: one-token step {median[(1, 'before')]:.1f} / {median[(1, 'after')]:.1f} ms; "
-              f"k tokens over it, before -> after: {rows}", flush=True)
+        print(
+            f"prefix {length}: one-token step {median[(1, 'before')]:.1f} / {median[(1, 'after')]:.1f} ms; "
+            f"k tokens over it, before -> after: {rows}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

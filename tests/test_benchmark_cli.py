@@ -153,6 +153,38 @@ def test_tau_command_compares_drafters_on_the_same_prompts(tmp_path, monkeypatch
     assert rows["long", "oracle"]["acceptance_rates"][0] > 0 and rows["short", "random"]["acceptance_rates"] == []
 
 
+def test_tau_curve_by_length_runs_the_drafter_alone_and_draws_it(tmp_path, monkeypatch):
+    """`bench tau --by-length --drafter-alone --plot`: one row per prefix length (the same text cut at each), every
+    round drafted by the drafter (lookup off, costs 0), and the curve written as a PNG."""
+    from types import SimpleNamespace
+
+    from transformers_longspark.benchmarks import cli
+
+    target = context_target("qwen3")
+    drafter = make_oracle_drafter(target, window_size=8, block_size=4)
+    drafter.generation_config.lookup_min_match = 2
+    drafter.generation_config.draft_round_cost = 50.0  # priced out, unless --drafter-alone turns the costs off
+    text = list(range(2, 40))
+
+    def curve_prompts(tokenizer, lengths, num, max_positions, reserve, every_length):
+        assert every_length
+        return [{"name": f"f[:{n}]", "length": n, "input_ids": text[:n]} for n in lengths]
+
+    monkeypatch.setattr(cli, "_load_target", lambda args: (target, SimpleNamespace(pad_token_id=0, eos_token_id=1)))
+    monkeypatch.setattr(cli, "_load_drafter_from", lambda args, target, path: (drafter, {"path": path}))
+    monkeypatch.setattr(cli, "long_context_prompts", curve_prompts)
+    path, plot = tmp_path / "curve.json", tmp_path / "curve.png"
+    arguments = ["tau", "--drafter=oracle=x", "--workloads", "long", "--long-lengths", "12", "30", "--by-length"]
+    benchmarks.main([*arguments, "--drafter-alone", "--max-new-tokens", "6", "--json", str(path), "--plot", str(plot)])
+    rows = json.loads(path.read_text())["rows"]
+    assert [row["workload"] for row in rows] == ["long@12", "long@30"]
+    assert all(row["tau"] > 1.0 and row["acceptance_rates"][0] > 0 for row in rows)
+    assert drafter.drafting_stats.lookup_rounds == 0 and drafter.drafting_stats.plain_rounds == 0
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="--by-length"):
+        benchmarks.main(["tau", "--drafter=oracle=x", "--workloads", "long", "--plot", str(plot)])
+
+
 def test_tau_command_rejects_an_unnamed_drafter(tmp_path):
     with pytest.raises(ValueError, match="NAME=FOLDER"):
         benchmarks.main(["tau", f"--drafter={tmp_path}"])

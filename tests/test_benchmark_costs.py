@@ -170,8 +170,15 @@ def lookup_cost():
     target = build_synthetic_target("tiny")
     drafter = build_random_drafter(target, window_size=8, num_summary_queries=4, block_size=4)
     result = run_drafting_cost(
-        target, drafter, (16, 64), rounds=3, warmup=1, synthetic_prefix_lengths=(256, 1024), lookup_min_match=3,
-        lookup_num_tokens=6, lookup_new_tokens=3,
+        target,
+        drafter,
+        (16, 64),
+        rounds=3,
+        warmup=1,
+        synthetic_prefix_lengths=(256, 1024),
+        lookup_min_match=3,
+        lookup_num_tokens=6,
+        lookup_new_tokens=3,
     )
     return drafter, result
 
@@ -231,8 +238,7 @@ def test_drafting_cost_generators_draft_whole_blocks_whatever_the_drafter_thresh
     cache = prefill(target, input_ids[:, :32])
     gen = gens["longspark"]
     requests = requests_after(input_ids, 4)
-    plan = gen.session.plan(requests, [gen.planner])
-    proposal = gen.session.propose(gen.update_context(cache, 32, 0), requests, plan)
+    proposal = gen.session.draft_round(requests, [gen.planner], lambda: gen.update_context(cache, 32, 0))
     assert proposal.tokens.shape[1] == 4 and int(proposal.num_drafted[0]) == 4  # whole blocks
     assert gen.planner.lookup is None and gens["full_prefix"].planner.lookup is None
     for gen in gens.values():

@@ -185,3 +185,13 @@ def test_long_benchmark_prompts_are_held_out_of_the_corpora():
     assert len(set(names)) == 4
     assert all(is_held_out(f"python/stdlib/{name}", 15.0) for name in names)
     assert all(os.path.exists(os.path.join(os.path.dirname(os.__file__), name)) for name in names)
+
+
+def test_curve_prompts_cut_the_same_files_at_every_length():
+    prompts = long_context_prompts(PrefixTokenizer(), lengths=[1024, 256, 4096], num_prompts=2, every_length=True)
+    assert [p["length"] for p in prompts] == [256, 1024, 4096] * 2
+    for file in (prompts[:3], prompts[3:]):
+        assert len({p["name"].split(".py")[0] for p in file}) == 1
+        assert all(len(p["input_ids"]) == p["length"] for p in file)
+        assert all(p["input_ids"] == file[-1]["input_ids"][: p["length"]] for p in file)  # prefixes of one text
+    assert prompts[0]["name"] != prompts[3]["name"]

@@ -23,7 +23,7 @@ def test_index_matches_brute_force_on_random_streams(vocab, min_ngram, max_ngram
             index.extend(new)
             assert index.longest_match() == longest_earlier_match(stream, min_ngram, max_ngram)
             n, start = index.longest_match()
-            continuation, matched = index.propose(4)
+            continuation, matched = index.continuation(4)
             assert matched == n
             if n:
                 extended = stream + continuation
@@ -35,7 +35,7 @@ def test_index_matches_brute_force_on_random_streams(vocab, min_ngram, max_ngram
 def test_a_repetition_continues_with_its_period():
     index = SuffixIndex(2, 4)
     index.extend([7, 8, 9, 7, 8, 9, 7, 8])
-    assert index.propose(5) == ([9, 7, 8, 9, 7], 4)
+    assert index.continuation(5) == ([9, 7, 8, 9, 7], 4)
 
 
 def test_point_mass_logits():

@@ -35,24 +35,24 @@ def record_rounds(monkeypatch) -> tuple[list, list]:
     """`(planners, rounds)`: every planner created (in creation order: batch row order), and per request and round
     `(batch row, length, its tokens so far from its offset, source, proposed tokens)`."""
     planners, rounds = [], []
-    new_planner, propose = DraftSettings.new_planner, session.DraftSession.propose
+    new_planner, draft_round = DraftSettings.new_planner, session.DraftSession.draft_round
 
     def created(self, offset=0):
         planners.append(new_planner(self, offset))
         return planners[-1]
 
-    def proposed(self, context, requests, plan):
+    def proposed(self, requests, round_planners, read_context):
         before = [(int(row), int(length)) for row, length in zip(requests.rows, requests.lengths)]
-        proposal = propose(self, context, requests, plan)
+        proposal = draft_round(self, requests, round_planners, read_context)
         for r, (row, length) in enumerate(before):
             offset = planners[row].lookup.offset
             tokens = requests.sequences[row, offset:length].tolist()
             drafts = proposal.tokens[r, : int(proposal.num_drafted[r])].tolist()
-            rounds.append((row, length, tokens, plan.sources[r], drafts))
+            rounds.append((row, length, tokens, proposal.sources[r], drafts))
         return proposal
 
     monkeypatch.setattr(DraftSettings, "new_planner", created)
-    monkeypatch.setattr(session.DraftSession, "propose", proposed)
+    monkeypatch.setattr(session.DraftSession, "draft_round", proposed)
     return planners, rounds
 
 

@@ -120,6 +120,9 @@ def _add_card_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--tokens-per-sequence", type=float, help="mean training sequence length, for the curve")
     parser.add_argument("--notes", type=Path, help="a Markdown file added as the card's Limits section")
+    parser.add_argument(
+        "--acceptance-curve", type=Path, help="a `longspark bench tau --by-length` report: tau vs prefix length"
+    )
 
 
 def _run_card(args: argparse.Namespace) -> None:
@@ -134,6 +137,7 @@ def _run_card(args: argparse.Namespace) -> None:
         args.training_log,
         args.tokens_per_sequence,
         args.notes,
+        args.acceptance_curve,
     )
     print(f"Wrote {path}")
 

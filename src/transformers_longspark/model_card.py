@@ -53,7 +53,7 @@ Measured with:
 {training}
 
 {curve}
-{notes}
+{acceptance}{notes}
 The checkpoint holds only the drafter's own weights ({num_parameters:,} parameters); the target's embedding, final
 norm and LM head are borrowed at run time.
 """
@@ -181,6 +181,19 @@ def _training_curve(training_logs: list[Path], tokens_per_sequence: float | None
     return "\n".join(lines)
 
 
+def _acceptance_curve(path: str | Path) -> str:
+    """The card's acceptance-vs-length section: the table of a `bench tau --by-length` report, between the markers
+    that `scripts/render_results.py` re-renders it from."""
+    from .benchmarks.tau import format_tau_curve
+
+    report = read_json(require_path(path, "Acceptance curve", "run `longspark bench tau --by-length --json FILE`."))
+    return (
+        "\n## Acceptance vs prefix length\n\nHow much of the drafter's acceptance the fixed-size state keeps as the "
+        f"prefix grows (held-out code, the drafter alone):\n\n<!-- table:begin {Path(path).as_posix()} -->\n"
+        f"{format_tau_curve(report)}<!-- table:end -->\n"
+    )
+
+
 def _read_notes(path: str | Path) -> str:
     return require_path(path, "Model card notes", "pass a Markdown file.").read_text(encoding="utf-8")
 
@@ -215,12 +228,14 @@ def write_model_card(
     training_log: str | Path | list[str | Path] | None = None,
     tokens_per_sequence: float | None = None,
     notes: str | Path | None = None,
+    acceptance_curve: str | Path | None = None,
 ) -> Path:
     """Writes `drafter_dir/README.md` (YAML metadata, usage, measured tau and speedup, recipe) from speed reports.
 
     `benchmark_json` may list several reports (e.g. short and long prompts); `training_config` / `training_log` may
     list several stages (each continuing the previous one's drafter); `notes` is a Markdown file added as the card's
-    "Limits" section."""
+    "Limits" section; `acceptance_curve` a `longspark bench tau --by-length` report (its path as the docs check
+    renders it: relative to the repository), added as the "Acceptance vs prefix length" section."""
     drafter_dir = _require_drafter_dir(drafter_dir)
     reports = [_speed_report(path) for path in _as_list(benchmark_json)]
     for path in _as_list(training_config):
@@ -259,6 +274,7 @@ def write_model_card(
         else "",
         num_parameters=num_parameters,
         notes=f"\n## Limits\n\n{_read_notes(notes).strip()}\n" if notes else "",
+        acceptance=_acceptance_curve(acceptance_curve) if acceptance_curve else "",
     )
     path = drafter_dir / "README.md"
     path.write_text(card)

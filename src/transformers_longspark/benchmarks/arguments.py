@@ -133,6 +133,17 @@ def _add_tau_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="draft whole blocks (confidence thresholds 0) instead of each drafter's own generation config",
     )
+    parser.add_argument(
+        "--drafter-alone",
+        action="store_true",
+        help="the drafter alone: lookup off and costs 0, so that every round drafts (tau is the drafter's own)",
+    )
+    parser.add_argument(
+        "--by-length",
+        action="store_true",
+        help="acceptance vs context length: each long prompt's file cut at every --long-lengths, one row per length",
+    )
+    parser.add_argument("--plot", type=Path, help="with --by-length: draw tau vs prefix length (PNG) to this file")
 
 
 def _add_speed_arguments(parser: argparse.ArgumentParser) -> None:
@@ -149,16 +160,17 @@ def _add_speed_arguments(parser: argparse.ArgumentParser) -> None:
         "--methods",
         nargs="+",
         choices=list(METHODS),
-        help="methods for every mode; plain is always added (default: all in greedy mode, all but full_prefix in "
-        "sampled mode). plain_fast is plain generate on the fast verification path (reserved cache rows, grouped-head "
-        "attention), plain_static with transformers' static cache: speedups are also reported over the fastest plain "
-        "path measured. longspark and full_prefix verify on the fast path with the drafter's own generation config; "
-        "longspark_no_lookup forces its lookup source off, longspark_lookup on (--lookup-min-match, "
-        "--lookup-num-tokens); attribution: longspark_drafter_only (the drafter alone, every round drafts), "
-        "longspark_lookup_only (the drafter priced out), longspark_no_proposals (every round a plain step); "
-        "longspark_every_round turns the cost model off; longspark_whole_blocks drafts whole blocks (threshold 0); "
-        "longspark_stock_verify drafts whole blocks on transformers' stock path; prompt_lookup_fast is prompt "
-        "lookup on the fast path",
+        metavar="METHOD",
+        help=f"methods for every mode, of: {', '.join(METHODS)}. plain is always added (default: all in greedy "
+        "mode, all but full_prefix in sampled mode). plain_fast is plain generate on the fast verification "
+        "path (reserved cache rows, grouped-head attention), plain_static with transformers' static cache: "
+        "speedups are also reported over the fastest plain path measured. longspark and full_prefix verify on"
+        " the fast path with the drafter's own generation config; longspark_no_lookup forces its lookup "
+        "source off, longspark_lookup on (--lookup-min-match, --lookup-num-tokens); attribution: "
+        "longspark_drafter_only (the drafter alone, every round drafts), longspark_lookup_only (the drafter "
+        "priced out), longspark_no_proposals (every round a plain step); longspark_every_round turns the cost"
+        " model off; longspark_whole_blocks drafts whole blocks (threshold 0); longspark_stock_verify drafts "
+        "whole blocks on transformers' stock path; prompt_lookup_fast is prompt lookup on the fast path",
     )
     parser.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per generate call")
     parser.add_argument("--temperature", type=float, default=1.0, help="temperature of the sampled mode")

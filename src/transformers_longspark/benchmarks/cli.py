@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # imported at run time by `_import_runners`
         plot_verify_cost,
     )
     from .speed import run_speed_benchmark
-    from .tau import FRESH_DRAFTERS, format_tau, fresh_drafter, run_tau_benchmark
+    from .tau import FRESH_DRAFTERS, format_tau, format_tau_curve, fresh_drafter, plot_tau_curve, run_tau_benchmark
     from .verify_cost import run_verify_cost
 
 # What the runners use, by submodule: imported on the first run, or on first access as an attribute (e.g. by a test's
@@ -47,8 +47,10 @@ _RUNNER_MODULES = {
     "format_markdown": "report",
     "format_memory": "report",
     "format_tau": "tau",
+    "format_tau_curve": "tau",
     "format_verify_cost": "report",
     "fresh_drafter": "tau",
+    "plot_tau_curve": "tau",
     "long_context_prompts": "prompts",
     "plot_drafting_cost": "report",
     "plot_verify_cost": "report",
@@ -202,13 +204,21 @@ def _load_prompts(args, target, tokenizer, num_short: int, block_size: int) -> d
     if "long" in args.workloads:
         max_positions = target.config.get_text_config().max_position_embeddings
         reserve = args.max_new_tokens + block_size + 1
-        prompts["long"] = long_context_prompts(
-            tokenizer, args.long_lengths, args.num_long_prompts, max_positions=max_positions, reserve=reserve
+        by_length = getattr(args, "by_length", False)
+        long = long_context_prompts(
+            tokenizer, args.long_lengths, args.num_long_prompts, max_positions, reserve, every_length=by_length
         )
+        if by_length:
+            for length in sorted({p["length"] for p in long}):
+                prompts[f"long@{length}"] = [p for p in long if p["length"] == length]
+        else:
+            prompts["long"] = long
     return prompts
 
 
 def _run_tau(args: argparse.Namespace) -> dict[str, Any]:
+    if args.plot and not args.by_length:
+        raise ValueError("--plot draws tau vs prefix length: add --by-length.")
     target, tokenizer = _load_target(args)
     if tokenizer is None:
         raise ValueError("The tau benchmark builds its prompts with the target's tokenizer; none was found.")
@@ -223,11 +233,11 @@ def _run_tau(args: argparse.Namespace) -> dict[str, Any]:
     block_size = max(drafter.config.block_size for drafter in drafters.values())
     prompts = _load_prompts(args, target, tokenizer, args.num_short_prompts, block_size)
     result = run_tau_benchmark(
-        target, drafters, prompts, args.max_new_tokens, whole_blocks=args.whole_blocks, progress=not args.quiet
+        target, drafters, prompts, args.max_new_tokens, args.whole_blocks, args.drafter_alone, not args.quiet
     )
     result["drafters"] = infos
     result["target"] = _target_name(args)
-    _write_outputs(args, result, format_tau(result))
+    _write_outputs(args, result, (format_tau_curve if args.by_length else format_tau)(result), plot_tau_curve)
     return result
 
 

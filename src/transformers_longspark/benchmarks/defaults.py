@@ -26,6 +26,11 @@ METHODS = (
     "longspark_stock_verify",
     "full_prefix",
 )
+# Generation-config settings of the attribution methods: the cost model off (every round proposes), and the drafter
+# alone (lookup off too: every round drafts), as `longspark_drafter_only` and `bench tau --drafter-alone` run it.
+COSTS_OFF = {"calibrate_costs": False, "draft_round_cost": 0.0, "verify_round_cost": 0.0, "verify_token_cost": 0.0}
+DRAFTER_ALONE = {"lookup_min_match": 0, **COSTS_OFF}
+WHOLE_BLOCKS = {"assistant_confidence_threshold": 0.0, "block_confidence_threshold": 0.0}
 # `longspark_lookup`: the drafter with the lookup source on (`DraftSettings.from_drafter`).
 DEFAULT_LOOKUP_MIN_MATCH = 2
 DEFAULT_LOOKUP_NUM_TOKENS = 10

@@ -187,7 +187,7 @@ def _round_phases(prefix: _Prefix, name: str, gen: LongSparkCandidateGenerator) 
             requests = requests_after(prefix.lookup.next_ids(), gen.session.settings.max_proposal_tokens)
         else:
             requests = requests_after(prefix.input_ids, gen.session.config.block_size)
-        return gen.session.propose(context, requests, gen.session.plan(requests, [gen.planner]))
+        return gen.session.draft_round(requests, [gen.planner], lambda: context)
 
     return update, propose
 

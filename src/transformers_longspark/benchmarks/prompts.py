@@ -99,8 +99,11 @@ def long_context_prompts(
     num_prompts: int | None = None,
     max_positions: int | None = None,
     reserve: int = 0,
+    every_length: bool = False,
 ) -> list[dict[str, Any]]:
-    """Code-continuation prompts: Python stdlib files (one per prompt, in name order) cut to ``lengths[i % n]`` tokens.
+    """Code-continuation prompts: Python stdlib files (one per prompt, in name order) cut to ``lengths[i % n]`` tokens;
+    with ``every_length``, each of ``num_prompts`` files cut at every length (the same text at each length: an
+    acceptance-vs-length curve). Each prompt records its ``length``.
 
     Only the files held out of the training corpora (:func:`..corpora.is_held_out`) are used, so no drafter trained
     on `scripts/prepare_corpora.py`'s data has seen them.
@@ -112,23 +115,27 @@ def long_context_prompts(
     num_prompts = len(lengths) if num_prompts is None else num_prompts
     if max_positions is not None:
         lengths = [min(length, max_positions - reserve) for length in lengths]
-    prompts: list[dict[str, Any]] = []
+    if every_length:
+        lengths = sorted(set(lengths))
     files = iter(_stdlib_files(min(lengths) * 2, held_out_only=True))
+    prompts: list[dict[str, Any]] = []
     for index in range(num_prompts):
-        length = lengths[index % len(lengths)]
+        wanted = lengths if every_length else [lengths[index % len(lengths)]]
         for path in files:
-            # ~3-4 characters per token for Python code; skip files that cannot reach `length` tokens.
-            if path.stat().st_size < 2 * length:
+            # ~3-4 characters per token for Python code; skip files that cannot reach the longest cut.
+            if path.stat().st_size < 2 * max(wanted):
                 continue
             ids = _file_token_ids(tokenizer, path)
-            if len(ids) >= length:
-                name = f"{path.stem}.py[:{length}]"
-                prompts.append({"name": name, "source": "stdlib-file", "input_ids": ids[:length]})
+            if len(ids) >= max(wanted):
+                prompts += [
+                    {"name": f"{path.stem}.py[:{n}]", "source": "stdlib-file", "length": n, "input_ids": ids[:n]}
+                    for n in wanted
+                ]
                 break
         else:
             raise ValueError(
-                f"No more held-out standard-library files hold {length} tokens (found {len(prompts)} "
-                "prompts); ask for fewer or shorter long prompts."
+                f"No more held-out standard-library files hold {max(wanted)} tokens (found {index} files); ask for "
+                "fewer or shorter long prompts."
             )
     return prompts
 

@@ -43,7 +43,16 @@ from ..inference.verification import fast_verification
 from ..modeling_longspark import LongSparkDrafterModel
 from ..packed_linear import drafter_linear_dtype
 from .common import generation_config_fields, machine_info, time_forward_calls, timed_call
-from .defaults import DEFAULT_LOOKUP_MIN_MATCH, DEFAULT_LOOKUP_NUM_TOKENS, METHODS, MODES, PLAIN_METHODS
+from .defaults import (
+    COSTS_OFF,
+    DEFAULT_LOOKUP_MIN_MATCH,
+    DEFAULT_LOOKUP_NUM_TOKENS,
+    DRAFTER_ALONE,
+    METHODS,
+    MODES,
+    PLAIN_METHODS,
+    WHOLE_BLOCKS,
+)
 from .models import make_full_prefix_drafter
 from .prompts import chat_prompt_ids
 from .speed_summary import METHOD_LABELS, add_round_costs, add_speedups, new_tokens_from_round_log, summarize_runs
@@ -53,15 +62,13 @@ DEFAULT_METHODS = {"greedy": METHODS, "sampled": tuple(m for m in METHODS if m !
 # Drafter methods and what each changes on the drafter for its runs: the verification path, whole blocks (both
 # confidence thresholds 0) instead of the drafter's own thresholds, and the lookup source ("stock verification" is
 # the path before the first two changes). `longspark_lookup`'s settings are the run's (`drafter_method_settings`).
-WHOLE_BLOCKS = {"assistant_confidence_threshold": 0.0, "block_confidence_threshold": 0.0}
-COSTS_OFF = {"calibrate_costs": False, "draft_round_cost": 0.0, "verify_round_cost": 0.0, "verify_token_cost": 0.0}
 DRAFTER_METHODS: dict[str, dict[str, Any]] = {
     "longspark": {},
     "longspark_no_lookup": {"lookup_min_match": 0},
     "longspark_lookup": {},
     "longspark_every_round": COSTS_OFF,
     # Attribution: each source alone, and neither (every round a plain step on the fast path: the path's own cost).
-    "longspark_drafter_only": {"lookup_min_match": 0, **COSTS_OFF},
+    "longspark_drafter_only": DRAFTER_ALONE,
     "longspark_lookup_only": {"use_drafter": False},
     "longspark_no_proposals": {"lookup_min_match": 0, "use_drafter": False},
     "longspark_whole_blocks": WHOLE_BLOCKS,

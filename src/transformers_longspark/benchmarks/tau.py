@@ -8,7 +8,9 @@ workload and drafter: tau (`inference.stats.tau`, summed over the prompts) and t
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -16,6 +18,7 @@ from tqdm.auto import tqdm
 
 from ..inference.stats import DraftingStats, tau
 from .common import machine_info
+from .defaults import DRAFTER_ALONE, WHOLE_BLOCKS
 
 FRESH_DRAFTERS = ("warm-start", "random")
 
@@ -49,11 +52,13 @@ def run_tau_benchmark(
     prompts: Mapping[str, Sequence[Mapping[str, Any]]],
     max_new_tokens: int,
     whole_blocks: bool = False,
+    drafter_alone: bool = False,
     progress: bool = True,
 ) -> dict[str, Any]:
     """`{"rows": [{workload, drafter, prompts, new_tokens, rounds, tau, acceptance_rates, accepted_histogram,
     greedy_identical}], ...}` for every workload of `prompts` and every drafter of `drafters` (name -> model).
-    `whole_blocks` drafts whole blocks (confidence thresholds 0), as the drafter was trained."""
+    `whole_blocks` drafts whole blocks (confidence thresholds 0), as the drafter was trained; `drafter_alone` turns
+    the lookup source and the cost model off, so that every round drafts."""
     device = next(target.parameters()).device
     rows = []
     bar = tqdm(total=sum(len(items) for items in prompts.values()) * len(drafters), disable=not progress)
@@ -61,9 +66,9 @@ def run_tau_benchmark(
         outputs: dict[str, list[list[int]]] = {}
         workload_rows = []
         for name, drafter in drafters.items():
-            if whole_blocks:
-                drafter.generation_config.assistant_confidence_threshold = 0.0
-                drafter.generation_config.block_confidence_threshold = 0.0
+            settings = {**(WHOLE_BLOCKS if whole_blocks else {}), **(DRAFTER_ALONE if drafter_alone else {})}
+            for field, value in settings.items():
+                setattr(drafter.generation_config, field, value)
             total, new_tokens, outputs[name] = DraftingStats(), 0, []
             for prompt in items:
                 ids = torch.tensor([prompt["input_ids"]], device=device)
@@ -101,7 +106,12 @@ def run_tau_benchmark(
         "benchmark": "tau",
         "rows": rows,
         "prompts": {workload: [p.get("name") for p in items] for workload, items in prompts.items()},
-        "settings": {"max_new_tokens": max_new_tokens, "whole_blocks": whole_blocks, "do_sample": False},
+        "settings": {
+            "max_new_tokens": max_new_tokens,
+            "whole_blocks": whole_blocks,
+            "drafter_alone": drafter_alone,
+            "do_sample": False,
+        },
         "machine": machine_info(device),
     }
 
@@ -125,9 +135,70 @@ def format_tau(result: Mapping[str, Any]) -> str:
         "",
         f"Greedy, {settings.get('max_new_tokens')} new tokens per prompt"
         + (", whole blocks" if settings.get("whole_blocks") else ", each drafter's own generation config")
+        + (", the drafter alone (lookup off, costs 0)" if settings.get("drafter_alone") else "")
         + "; tau = (new tokens - prompts) / verification rounds over the prompts.",
     ]
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["FRESH_DRAFTERS", "format_tau", "fresh_drafter", "run_tau_benchmark"]
+def _curves(result: Mapping[str, Any]) -> dict[str, dict[int, dict[str, Any]]]:
+    """drafter -> prefix length -> row, from the `long@<length>` rows of a `--by-length` run."""
+    curves: dict[str, dict[int, dict[str, Any]]] = {}
+    for row in result["rows"]:
+        workload, _, length = row["workload"].partition("@")
+        if workload == "long" and length and row["tau"] is not None:
+            curves.setdefault(row["drafter"], {})[int(length)] = row
+    if not curves:
+        raise ValueError("No per-length rows: run `longspark bench tau --by-length`.")
+    return curves
+
+
+def format_tau_curve(result: Mapping[str, Any]) -> str:
+    """Markdown table of a `--by-length` run: per drafter, tau and P(draft 1 accepted) at each prefix length."""
+    curves = _curves(result)
+    lengths = sorted({length for rows in curves.values() for length in rows})
+    lines = [
+        "| drafter | " + " | ".join(f"{length:,} tokens" for length in lengths) + " |",
+        "|---|" + "---:|" * len(lengths),
+    ]
+    for name, rows in curves.items():
+        cells = [
+            "-" if n not in rows else f"{rows[n]['tau']:.2f} ({(rows[n]['acceptance_rates'] or [0.0])[0]:.2f})"
+            for n in lengths
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    settings, prompts = result.get("settings", {}), next(iter(curves.values()))[lengths[0]]["prompts"]
+    alone = ", the drafter alone (lookup off, costs 0)" if settings.get("drafter_alone") else ""
+    lines += [
+        "",
+        f"Greedy tau (P(draft 1 accepted)) of {prompts} held-out files cut at each prefix length, "
+        f"{settings.get('max_new_tokens')} new tokens each{alone}"
+        + (", whole blocks" if settings.get("whole_blocks") else "")
+        + ".",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def plot_tau_curve(result: Mapping[str, Any], path: str | os.PathLike) -> Path:
+    """Tau (left) and the acceptance of the first draft (right) vs prefix length, one line per drafter, from a
+    `--by-length` run (workloads `long@<length>`). Writes `path` (PNG, PDF, ...)."""
+    from .report import _length_axis, _pyplot, _save
+
+    curves = _curves(result)
+    plt = _pyplot()
+    fig, (tau_axis, first_axis) = plt.subplots(1, 2, figsize=(10, 4))
+    lengths = sorted({length for rows in curves.values() for length in rows})
+    for name, rows in curves.items():
+        xs = sorted(rows)
+        tau_axis.plot(xs, [rows[x]["tau"] for x in xs], marker="o", label=name)
+        first_axis.plot(xs, [(rows[x]["acceptance_rates"] or [0.0])[0] for x in xs], marker="o", label=name)
+    for axis, label in ((tau_axis, "tau (tokens per verification round)"), (first_axis, "P(draft 1 accepted)")):
+        _length_axis(axis, lengths)
+        axis.set_ylabel(label)
+    tau_axis.legend()
+    settings = result.get("settings", {})
+    fig.suptitle(f"Greedy acceptance vs prefix length, {settings.get('max_new_tokens')} new tokens per prompt")
+    return _save(fig, path)
+
+
+__all__ = ["FRESH_DRAFTERS", "format_tau", "format_tau_curve", "fresh_drafter", "plot_tau_curve", "run_tau_benchmark"]

@@ -32,7 +32,7 @@ from transformers.cache_utils import Cache
 from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 
-from ..context_state import gather_columns, last_real_columns
+from ..context_state import DraftContext, gather_columns, last_real_columns
 from ..modeling_longspark import LongSparkDrafterModel
 from ..transformers_private import pad_token_tensor
 from .batched_checks import (
@@ -185,12 +185,7 @@ class BatchedSpeculativeDecoder:
         """Drafts, verifies and accepts one block for every unfinished sequence."""
         room = (self.max_length - self.lengths - 1).clamp(min=0, max=self.block_size)
         requests = DraftRequests(self.sequences, self.row_ids, self.lengths, room)
-        plan = self.session.plan(requests, self.planners)
-        context = None
-        if plan.drafts:  # absorbs the rows cached since the last drafter round (plain rounds leave no holes)
-            context = self.session.read_context(self.state, self.cache, self.column_mask.shape[1], self.column_mask)
-            self.compact_if_sparse()
-        proposal = self.session.propose(context, requests, plan)
+        proposal = self.session.draft_round(requests, self.planners, self.read_context)
         drafted, num_drafted = proposal.tokens, proposal.num_drafted
 
         target_logits = self.verify(drafted, num_drafted)
@@ -206,6 +201,12 @@ class BatchedSpeculativeDecoder:
         padded = torch.cat([drafted, next_tokens[:, None]], dim=1)
         new_tokens = torch.where(steps < num_accepted[:, None], padded, next_tokens[:, None])
         self.commit(new_tokens, num_accepted + 1)
+
+    def read_context(self) -> DraftContext:
+        """A drafter round's context: absorbs the rows cached since the last one (plain rounds leave no holes)."""
+        context = self.session.read_context(self.state, self.cache, self.column_mask.shape[1], self.column_mask)
+        self.compact_if_sparse()
+        return context
 
     def verify(self, drafted: torch.LongTensor, num_drafted: torch.LongTensor) -> torch.Tensor:
         """One target forward over each sequence's `[a, y_1, ..., y_k]`; returns the `(n, k + 1, V)` logits after the

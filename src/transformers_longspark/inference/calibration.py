@@ -40,7 +40,7 @@ from ..modeling_longspark import LongSparkDrafterModel
 from ..packed_linear import drafter_linear_dtype, packed_drafter_weights
 from .drafting import DraftRequests, DraftSettings
 from .knobs import DraftingKnobs, check_costs
-from .planning import RoundCosts
+from .planning import RoundCosts, Source
 from .session import DraftSession
 from .verification import fast_verification
 
@@ -206,14 +206,12 @@ def calibrate(target: PreTrainedModel, drafter: LongSparkDrafterModel, repeats: 
 def _drafter_round(session: DraftSession, state, planner, cache, ids: torch.LongTensor) -> None:
     """What a drafter round of `generate` runs: the boundary, the context read, the plan and the proposal."""
     state.boundary_states = session.captured_boundary(torch.tensor([-1]))
-    context = session.read_context(state, cache, ids.shape[1] - 1)
     zero = torch.zeros(1, dtype=torch.long, device=ids.device)
     room = session.settings.max_proposal_tokens
     requests = DraftRequests(torch.cat([ids, ids.new_zeros(1, room)], dim=1), zero, zero + ids.shape[1], zero + room)
-    plan = session.plan(requests, [planner])
-    if not plan.drafts:
-        raise RuntimeError(f"The calibration's drafter round did not draft (plan {plan.sources}).")
-    session.propose(context, requests, plan)
+    proposal = session.draft_round(requests, [planner], lambda: session.read_context(state, cache, ids.shape[1] - 1))
+    if Source.DRAFTER not in proposal.sources:
+        raise RuntimeError(f"The calibration's drafter round did not draft (sources {proposal.sources}).")
 
 
 def _long_steps(target, vocab: int, length: int, repeats: int, generator: torch.Generator) -> list[float]:

@@ -316,7 +316,7 @@ def plan_round(requests: DraftRequests, settings: DraftSettings, planners: list[
         if index is not None:
             row, length = int(requests.rows[r]), int(requests.lengths[r])
             index.extend(requests.sequences[row, index.offset + len(index) : length].tolist())
-            proposed, matched = index.propose(min(settings.lookup_num_tokens, room))
+            proposed, matched = index.continuation(min(settings.lookup_num_tokens, room))
             continuation = proposed if matched >= settings.lookup_min_match else []
         can_draft = settings.use_drafter and room > 0
         source = planner.choose(continuation, can_draft=can_draft, length=int(requests.lengths[r]), matched=matched)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import nullcontext
+from functools import partial
 from typing import Any, ClassVar
 
 import torch
@@ -45,7 +46,7 @@ class LongSparkCandidateGenerator(CandidateGenerator):
     makes the round one plain decoding step). Where the drafter runs, it takes the boundary states captured at the
     last accepted position, folds the target-cache rows retained since the last drafter round into the global summary
     and views the recent window (`DraftSession.read_context`), then drafts one forward over `[a, MASK, ...]` with the
-    Markov correction and the target's logits processors applied token by token (`DraftSession.propose`).
+    Markov correction and the target's logits processors applied token by token (`DraftSession.draft_round`).
     """
 
     requires_model_outputs = True
@@ -106,11 +107,9 @@ class LongSparkCandidateGenerator(CandidateGenerator):
             return input_ids, None
         room = max(0, min(self.session.settings.max_proposal_tokens, self.max_length - input_ids.shape[1] - 1))
         requests = requests_after(input_ids, room)
-        plan = self.session.plan(requests, [self.planner])
-        context = None
-        if plan.drafts:
-            context = self.update_context(model_kwargs["cache"], input_ids.shape[1] - 1, n_last_matches)
-        self.proposal = self.session.propose(context, requests, plan)
+        cache, num_cached = model_kwargs["cache"], input_ids.shape[1] - 1
+        read_context = partial(self.update_context, cache, num_cached, n_last_matches)
+        self.proposal = self.session.draft_round(requests, [self.planner], read_context)
         k = int(self.proposal.num_drafted[0])
         if k == 0:  # the verification forward still runs: one plain decoding step
             return input_ids, None

@@ -65,7 +65,7 @@ class SuffixIndex:
                 return n, start
         return 0, -1
 
-    def propose(self, num_tokens: int) -> tuple[list[int], int]:
+    def continuation(self, num_tokens: int) -> tuple[list[int], int]:
         """`(continuation, n)`: up to `num_tokens` tokens that followed the longest matching suffix of `n` tokens.
 
         The continuation may run into the suffix itself (a period-`p` repetition continues periodically)."""

@@ -3,14 +3,16 @@
 transformers' batch-1 loop (`generation.py`), the batched loop (`batched.py`) and vLLM's proposer (`../vllm/`) are
 thin drivers of a session. Each knows where its target's cache rows, hidden states and tokens are; the session does
 the rest, the same way for all three: it binds the drafter to the target, captures the boundary states, chooses each
-request's source (`plan`: the lookup source, one drafter forward, or no proposal, `planning.py`), reads the round's
-context views where the drafter runs (`context_state.read_context`), proposes (`drafting.propose_blocks`), and keeps
+request's source (the lookup source, one drafter forward, or no proposal, `planning.py`), reads the round's context
+views where the drafter runs (`context_state.read_context`), proposes (`drafting.propose_blocks`): one call per round,
+`draft_round`; and it keeps
 the counters (`DraftingStats`, on `drafter.drafting_stats`) and what each request's verified rounds measured.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
@@ -20,7 +22,7 @@ from ..context_state import DraftContext, LongSparkContextState, boundary_states
 from ..modeling_longspark import LongSparkDrafterModel
 from ..targets import HiddenStateCapture, TargetModules, check_sliding_window, check_target_compatible
 from .drafting import DraftRequests, DraftSettings, Proposal, plan_round, propose_blocks
-from .planning import RoundCosts, RoundPlan, RoundPlanner, Source
+from .planning import RoundCosts, RoundPlanner, Source
 from .stats import DraftingStats
 
 
@@ -95,21 +97,23 @@ class DraftSession:
         self.stats.context_state_bytes = state.nbytes
         return context
 
-    def plan(self, requests: DraftRequests, planners: list[RoundPlanner]) -> RoundPlan:
-        """Each request's source this round (`drafting.plan_round`), timed with the proposal."""
+    def draft_round(
+        self,
+        requests: DraftRequests,
+        planners: list[RoundPlanner],
+        read_context: Callable[[], DraftContext],
+    ) -> Proposal:
+        """One round's proposal for `requests`, counted in `stats`: each request's source (`drafting.plan_round`),
+        then, only when some request drafts, the context views (`read_context()`, the driver's read of its cache,
+        e.g. `self.read_context(...)`), and the proposal (`drafting.propose_blocks`)."""
         start = time.perf_counter()
         plan = plan_round(requests, self.settings, planners)
-        elapsed = time.perf_counter() - start
-        self.stats.planning_seconds += elapsed
-        self.stats.proposal_seconds += elapsed
-        return plan
-
-    def propose(self, context: DraftContext | None, requests: DraftRequests, plan: RoundPlan) -> Proposal:
-        """This round's proposal for `requests` (`drafting.propose_blocks`), counted in `stats`. `context` may be
-        `None` when no request drafts (`plan.drafts`)."""
+        planning = time.perf_counter() - start
+        context = read_context() if plan.drafts else None
         start = time.perf_counter()
         proposal = propose_blocks(self.drafter, context, requests, self.settings, plan)
-        self.stats.proposal_seconds += time.perf_counter() - start
+        self.stats.planning_seconds += planning
+        self.stats.proposal_seconds += planning + time.perf_counter() - start
         self.stats.drafter_forward_seconds += proposal.forward_seconds
         self.stats.drafter_rounds += int(Source.DRAFTER in proposal.sources)
         self.stats.rounds += len(requests.rows)

@@ -119,6 +119,7 @@ _thread = _ThreadState()
 _switched: dict[int, tuple[str, int]] = {}
 _switch_lock = threading.Lock()
 
+
 def _this_threads_attention(module: torch.nn.Module, *args, **kwargs) -> tuple[torch.Tensor, None]:
     """What the switched name runs: the grouped kernel inside this thread's `fast_verification`, stock `sdpa` for a
     forward from any other thread (which sees the switched config of a shared target)."""

@@ -152,5 +152,12 @@ def sequence_loss(
     return draft_loss(logits, batch.target_probs, batch.labels, batch.valid, ce_weight, position_decay)
 
 
-__all__ = ["CE_WEIGHT", "POSITION_DECAY", "sample_anchors", "TeacherForcedBatch", "teacher_forced_batch",
-           "draft_loss", "sequence_loss"]
+__all__ = [
+    "CE_WEIGHT",
+    "POSITION_DECAY",
+    "sample_anchors",
+    "TeacherForcedBatch",
+    "teacher_forced_batch",
+    "draft_loss",
+    "sequence_loss",
+]

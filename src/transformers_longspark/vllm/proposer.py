@@ -211,7 +211,7 @@ class LongSparkProposer:
         sequences = torch.tensor([[anchor] + [0] * self.num_tokens for anchor in anchors])
         ones = torch.ones(n, dtype=torch.long)
         requests = DraftRequests(sequences, rows=torch.arange(n), lengths=ones, room=ones * self.num_tokens)
-        proposal = self.session.propose(context, requests, self.session.plan(requests, planners))
+        proposal = self.session.draft_round(requests, planners, lambda: context)
         num_drafted = proposal.num_drafted.tolist()
         blocks = [proposal.tokens[r, : num_drafted[r]].tolist() for r in range(n)]
         return blocks, proposal.from_lookup.tolist()
