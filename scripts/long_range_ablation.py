@@ -5,11 +5,15 @@ same sequences), the full drafter and its variants without the global summary, w
 without the recent window; then measures each drafter's greedy tau on the answer by the needle's distance (inside
 the window, beyond it). Resumable: a trained target or drafter in `--work` is loaded, not retrained.
 
-    python scripts/long_range_ablation.py                          # ~1 h on 2 CPU cores: results/long_range_ablation.*
-    python scripts/long_range_ablation.py --fixture tests/fixtures/recall   # the small version the test suite reads
+    python scripts/long_range_ablation.py            # ~20 min on 2 CPU cores: results/long_range_ablation.json
+    python scripts/long_range_ablation.py --variants full --drafter-steps 3600 \
+        --work runs/long_range_3x --output results/long_range_ablation_3x.json   # the budget study (~12 min)
+    python scripts/long_range_ablation.py --small    # ~5 min: results/long_range_ablation_small.json
+    python scripts/long_range_ablation.py --fixture tests/fixtures/recall   # the test suite's target and drafter
 
-The small version (`--fixture`) trains a smaller target and the full drafter with a 16-row window and writes them
-where `tests/test_long_range_recall.py` loads them.
+The small version (`--small`, and `--fixture`, its full drafter only) trains a smaller target and drafters with a
+16-row window on needles at most 160 rows back; `--fixture` writes them where `tests/test_long_range_recall.py`
+loads them. `--work` can start from another run's trained target (copy its `target/` folder).
 """
 
 from __future__ import annotations
@@ -97,16 +101,22 @@ def _save_summary(folder: Path, log: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", type=Path, default=Path("runs/long_range"), help="trained models (resumable)")
-    parser.add_argument("--output", type=Path, default=Path("results/long_range_ablation.json"))
+    parser.add_argument("--output", type=Path, help="the JSON report (default: results/long_range_ablation*.json)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    parser.add_argument("--fixture", type=Path, help="the small version: train the test suite's target and drafter")
+    parser.add_argument("--small", action="store_true", help="the small version: a 16-row window, needles <= 160 back")
+    parser.add_argument("--fixture", type=Path, help="the small version's full drafter, for the test suite, in FIXTURE")
+    parser.add_argument("--drafter-steps", type=int, help="train the drafters this many steps (a budget study)")
     parser.add_argument("--num-threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.num_threads)
-    setup = SMALL if args.fixture else FULL
+    small = args.small or args.fixture is not None
+    setup = SMALL if small else FULL
+    if args.drafter_steps:
+        setup = {**setup, "drafter_steps": args.drafter_steps}
     language = RecallLanguage(needle_length=setup["needle_length"])
-    work = args.fixture or args.work
+    work = args.fixture or (args.work / "small" if args.small else args.work)
+    output = args.output or Path(f"results/long_range_ablation{'_small' if args.small else ''}.json")
     work.mkdir(parents=True, exist_ok=True)
     (work / "language.json").write_text(json.dumps(dataclasses.asdict(language)) + "\n")
     target = trained_target(setup, language, work / "target", args.seed)
@@ -127,9 +137,8 @@ def main(argv: list[str] | None = None) -> None:
     table = format_ablation(result)
     print(table)
     if not args.fixture:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(result, indent=2) + "\n")
-        args.output.with_suffix(".md").write_text(table)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ CACHE_RESERVE = ("tests/test_cache_reserve.py",)
 EOS_CUT = ("tests/test_draft_eos_cut.py",)
 VLLM_FAKE_RUNNER = ("tests/test_vllm_proposer.py",)
 LONG_RANGE = ("tests/test_long_range_recall.py",)
+DISTRIBUTED = ("tests/test_distributed_training.py",)
 # The chi-square tests of test_generation check the verifier's law (independent of what the drafter sees); ~50 s.
 SLOW_TESTS = ["tests/test_generation.py::test_sampling_matches_the_exact_target_law",
               "tests/test_generation.py::test_chi_square_detects_a_broken_verifier"]  # fmt: skip
@@ -282,6 +283,12 @@ MUTATIONS = [
              "for start in range(0, min(keys.shape[2], self.chunk_size), self.chunk_size):", LONG_RANGE),
     Mutation("each chunk replaces the summary instead of merging into it", "context_state.py",
              "self.log_norms[layer], self.summaries[layer] = log_norm, out", "self.summaries[layer] = out", LONG_RANGE),
+    # Training on several processes (issue 30).
+    Mutation("anchors drawn per process, not per place in the global batch", "training/run.py",
+             "slot = self.accelerator.process_index + self.accelerator.num_processes * position", "slot = position",
+             DISTRIBUTED),
+    Mutation("the schedule counts each process's advance as a step", "training/run.py",
+             "step = advances // num_processes", "step = advances", DISTRIBUTED),
 ]  # fmt: skip
 
 

@@ -43,6 +43,17 @@ def test_model_card_table_is_rendered_from_the_same_reports():
     assert render.render_card(card, reports) == card, f"{render.CARD}: run python scripts/render_results.py"
 
 
+def test_tables_of_the_docs_are_rendered_from_their_reports():
+    """Every `<!-- table:begin REPORT.json -->` block (README, the model card, docs/) is its report's table."""
+    render = _render_results()
+    blocks = 0
+    for path in [README, render.CARD, *DOCS]:
+        text = path.read_text(encoding="utf-8")
+        blocks += len(render.TABLE.findall(text))
+        assert render.render_tables(text) == text, f"{path}: run python scripts/render_results.py"
+    assert blocks > 0
+
+
 def test_readme_is_short_and_usage_follows_the_set_up():
     lines = README.read_text(encoding="utf-8").splitlines()
     assert len(lines) <= 250

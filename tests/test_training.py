@@ -189,6 +189,16 @@ def test_model_card_from_a_benchmark_report(tmp_path):
     card = write_model_card(tmp_path / "drafter", tmp_path / "bench.json", notes=tmp_path / "limits.md").read_text()
     assert "## Limits\n\nShort prompts need tau 1.9.\n" in card and "## Limits" not in card.split("## Measured")[0]
 
+    # The acceptance-vs-length section, between the markers the docs check re-renders from the same report.
+    curve = {"benchmark": "tau", "settings": {"max_new_tokens": 32, "drafter_alone": True}, "rows": [
+        {"workload": f"long@{n}", "drafter": "shipped", "prompts": 4, "tau": t, "acceptance_rates": [a]}
+        for n, t, a in ((256, 2.5, 0.75), (8192, 2.25, 0.5))]}  # fmt: skip
+    (tmp_path / "curve.json").write_text(json.dumps(curve))
+    card = write_model_card(tmp_path / "drafter", tmp_path / "bench.json", acceptance_curve=tmp_path / "curve.json")
+    section = card.read_text().split("## Acceptance vs prefix length")[1]
+    assert f"<!-- table:begin {(tmp_path / 'curve.json').as_posix()} -->" in section
+    assert "| shipped | 2.50 (0.75) | 2.25 (0.50) |" in section and "the drafter alone" in section
+
     # Two stages: the second continues the first, so its sequences and tokens are counted after the first's.
     log2 = tmp_path / "log2.jsonl"
     log2.write_text('{"step": 3, "sequences": 12, "tokens": 1234, "loss": 1.0, "eval_loss": 1.5, "eval_tau": 2.5}\n')

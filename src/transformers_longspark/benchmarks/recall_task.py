@@ -87,6 +87,17 @@ def log_uniform_distances(low: int, high: int, count: int, generator: torch.Gene
     return [int(math.exp(math.log(low) + float(x) * (math.log(high) - math.log(low)))) for x in u]
 
 
+def _distance_cap(step: int, steps: int, first: int, last: int) -> int:
+    """The longest distance trained at `step`: from `first` growing geometrically to `last` over the first half."""
+    return max(2, min(last, int(first * (last / first) ** min(1.0, 2 * step / steps))))
+
+
+def _set_learning_rate(optimizer: torch.optim.Optimizer, lr: float, step: int, steps: int) -> None:
+    """20 warm-up steps, then cosine decay to 0 at `steps`."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr * min(1.0, step / 20) * 0.5 * (1 + math.cos(math.pi * step / steps))
+
+
 def tiny_target(language: RecallLanguage, max_positions: int, seed: int = 0, **overrides: Any):
     """A small Qwen3 target for the language (2 layers of width 128, RoPE base 1e6 so that content attention reaches
     far)."""
@@ -122,10 +133,8 @@ def train_target(
     target.train()
     log, start = [], time.perf_counter()
     for step in range(1, steps + 1):
-        for group in optimizer.param_groups:
-            group["lr"] = lr * min(1.0, step / 20) * 0.5 * (1 + math.cos(math.pi * step / steps))
-        cap = min(max_distance, int(256 * (max_distance / 256) ** min(1.0, 2 * step / steps)))
-        distance = log_uniform_distances(1, max(cap, 2), 1, generator)[0]
+        _set_learning_rate(optimizer, lr, step, steps)
+        distance = log_uniform_distances(1, _distance_cap(step, steps, 256, max_distance), 1, generator)[0]
         samples = [language.sample(distance, generator) for _ in range(batch_size)]
         width = max(len(ids) for ids, _ in samples)
         ids = torch.stack([F.pad(ids, (width - len(ids), 0), value=language.BOS) for ids, _ in samples])
@@ -180,8 +189,7 @@ def train_drafter(
     optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0)
     log, start = [], time.perf_counter()
     for step in range(1, steps + 1):
-        for group in optimizer.param_groups:
-            group["lr"] = lr * min(1.0, step / 20) * 0.5 * (1 + math.cos(math.pi * step / steps))
+        _set_learning_rate(optimizer, lr, step, steps)
         total = 0.0
         optimizer.zero_grad(set_to_none=True)
         for distance in log_uniform_distances(1, max_distance, sequences_per_step, generator):

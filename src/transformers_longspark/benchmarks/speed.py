@@ -17,13 +17,11 @@ Before and after. `longspark` runs as users get it: the fast verification path a
 config (confidence thresholds, lookup source). `longspark_no_lookup` forces the lookup source off and
 `longspark_lookup` on (`lookup_min_match` / `lookup_num_tokens`). Attribution: `longspark_drafter_only` is the drafter
 alone (lookup off, costs 0: every round drafts), `longspark_lookup_only` the lookup source alone (the drafter priced
-out), `longspark_no_proposals` neither (every round a plain step: what the fast path costs by itself). Settings that
-earlier releases compared (unpacked weights, whole lookup continuations, 3-token matches) are in git history.
-`longspark_every_round` turns the cost model of the
-source choice off (`inference/planning.py`: every round proposes, none is a plain step). `longspark_whole_blocks`
-drafts whole blocks (thresholds 0), and `longspark_stock_verify` whole blocks on transformers' stock path (`sdpa`
-attention, concatenating cache): the path before both changes. `prompt_lookup_fast` runs stock prompt lookup inside
-`fast_verification` with a reserved-rows cache, so that one run shows each method before and after.
+out), `longspark_no_proposals` neither (every round a plain step: what the fast path costs by itself).
+`longspark_every_round` turns the cost model of the source choice off (`inference/planning.py`: every round
+proposes). `longspark_whole_blocks` drafts whole blocks (thresholds 0), `longspark_stock_verify` whole blocks on
+transformers' stock path (`sdpa` attention, concatenating cache), and `prompt_lookup_fast` stock prompt lookup inside
+`fast_verification`: each method before and after the fast path, in one run. Older A/B settings are in git history.
 """
 
 from __future__ import annotations
@@ -44,14 +42,12 @@ from ..modeling_longspark import LongSparkDrafterModel
 from ..packed_linear import drafter_linear_dtype
 from .common import generation_config_fields, machine_info, time_forward_calls, timed_call
 from .defaults import (
-    COSTS_OFF,
     DEFAULT_LOOKUP_MIN_MATCH,
     DEFAULT_LOOKUP_NUM_TOKENS,
-    DRAFTER_ALONE,
+    DRAFTER_METHODS,
     METHODS,
     MODES,
     PLAIN_METHODS,
-    WHOLE_BLOCKS,
 )
 from .models import make_full_prefix_drafter
 from .prompts import chat_prompt_ids
@@ -59,22 +55,6 @@ from .speed_summary import METHOD_LABELS, add_round_costs, add_speedups, new_tok
 
 # Which methods run in which decoding mode by default (the full-prefix baseline is measured greedily).
 DEFAULT_METHODS = {"greedy": METHODS, "sampled": tuple(m for m in METHODS if m != "full_prefix")}
-# Drafter methods and what each changes on the drafter for its runs: the verification path, whole blocks (both
-# confidence thresholds 0) instead of the drafter's own thresholds, and the lookup source ("stock verification" is
-# the path before the first two changes). `longspark_lookup`'s settings are the run's (`drafter_method_settings`).
-DRAFTER_METHODS: dict[str, dict[str, Any]] = {
-    "longspark": {},
-    "longspark_no_lookup": {"lookup_min_match": 0},
-    "longspark_lookup": {},
-    "longspark_every_round": COSTS_OFF,
-    # Attribution: each source alone, and neither (every round a plain step on the fast path: the path's own cost).
-    "longspark_drafter_only": DRAFTER_ALONE,
-    "longspark_lookup_only": {"use_drafter": False},
-    "longspark_no_proposals": {"lookup_min_match": 0, "use_drafter": False},
-    "longspark_whole_blocks": WHOLE_BLOCKS,
-    "longspark_stock_verify": {"fast_verification": False, **WHOLE_BLOCKS},
-    "full_prefix": {},
-}
 # Methods without a drafter that `generate` runs inside `fast_verification`, with a cache of reserved rows.
 FAST_PATH_METHODS = ("plain_fast", "prompt_lookup_fast")
 # Devices on which `generate` compiles the decoding step of a static cache (transformers'

@@ -138,10 +138,14 @@ def build_drafter(config: TrainingConfig, target, sequences: list[Sequence]) -> 
     return drafter
 
 
-def cosine_schedule(optimizer, total_steps: int, warmup_ratio: float):
+def cosine_schedule(optimizer, total_steps: int, warmup_ratio: float, num_processes: int = 1):
+    """Linear warm-up then cosine decay over `total_steps` optimizer steps. Under accelerate, a prepared scheduler
+    advances once per process per optimizer step, so the schedule reads `num_processes` advances as one step: the
+    learning rates are those of one process, whatever the number of processes."""
     warmup = max(1, int(total_steps * warmup_ratio))
 
-    def factor(step: int) -> float:
+    def factor(advances: int) -> float:
+        step = advances // num_processes
         if step < warmup:
             return (step + 1) / warmup
         progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
@@ -181,8 +185,7 @@ class Trainer:
             drafter.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay, betas=(0.9, 0.95)
         )
         self.total_steps = self._total_steps()
-        # accelerate steps a prepared scheduler once per process per optimizer step.
-        scheduler = cosine_schedule(optimizer, self.total_steps * self.accelerator.num_processes, config.warmup_ratio)
+        scheduler = cosine_schedule(optimizer, self.total_steps, config.warmup_ratio, self.accelerator.num_processes)
         self.drafter, self.optimizer, self.scheduler = self.accelerator.prepare(drafter, optimizer, scheduler)
         self.step = 0
         self.tokens_seen = 0  # target tokens of the sequences trained on, all processes
@@ -237,21 +240,24 @@ class Trainer:
         self.drafter.train()
         while self.step < self.total_steps:
             started, losses, tokens = time.perf_counter(), [], 0
-            # Anchors depend on (seed, step) alone, so a resumed run draws the same anchors as an uninterrupted one.
-            anchor_rng = torch.Generator().manual_seed(c.seed * 1_000_003 + self.step)
-            for _ in range(c.gradient_accumulation_steps):
+            for micro_step in range(c.gradient_accumulation_steps):
                 with self.accelerator.accumulate(self.drafter), self.accelerator.autocast():
                     sequences = next(micro_batches)
                     tokens += sum(len(s.ids) for s in sequences)
-                    loss = sum(self.loss(self.drafter, s, anchor_rng) for s in sequences) / len(sequences)
+                    loss = sum(
+                        self.loss(self.drafter, s, self._anchor_generator(micro_step, j))
+                        for j, s in enumerate(sequences)
+                    ) / len(sequences)
                     self.accelerator.backward(loss)
                     if self.accelerator.sync_gradients:
                         self.accelerator.clip_grad_norm_(self.drafter.parameters(), c.max_grad_norm)
                     self.optimizer.step()
                     self.scheduler.step()
                     self.optimizer.zero_grad()
-                losses.append(loss.item())
+                losses.append(loss.detach())
             self.step += 1
+            # The mean over the global batch: what one process with all of its sequences would log.
+            mean_loss = self.accelerator.reduce(torch.stack(losses).mean(), "mean").item()
             self.tokens_seen += int(
                 self.accelerator.reduce(torch.tensor(tokens, device=self.accelerator.device), "sum")
             )
@@ -263,7 +269,7 @@ class Trainer:
                 "step": self.step,
                 "sequences": sequences_seen,
                 "tokens": self.tokens_seen,
-                "loss": sum(losses) / len(losses),
+                "loss": mean_loss,
                 "lr": self.scheduler.get_last_lr()[0],
                 "seconds": time.perf_counter() - started,
             }
@@ -279,6 +285,14 @@ class Trainer:
         if self.accelerator.is_main_process:
             self.model.save_pretrained(final)
         return final
+
+    def _anchor_generator(self, micro_step: int, position: int) -> torch.Generator:
+        """The anchors' random generator of the sequence at `position` in this process's micro-batch. It depends on
+        (seed, step, micro-step, the sequence's place in the global batch) alone, so that a resumed run draws the same
+        anchors as an uninterrupted one, and N processes the same as one process with all of their sequences
+        (process `p`'s `j`-th sequence is the global batch's `p + N * j`-th, as `DataMixture.micro_batches` shards)."""
+        slot = self.accelerator.process_index + self.accelerator.num_processes * position
+        return torch.Generator().manual_seed(hash((self.config.seed, self.step, micro_step, slot)) % 2**62)
 
     def loss(self, drafter, sequence: Sequence, generator: torch.Generator) -> torch.Tensor:
         """The distillation loss of `anchors_per_sequence` anchors of `sequence`, drawn with `generator`."""
