@@ -28,6 +28,7 @@ import torch
 from transformers_longspark import LongSparkDrafterModel
 from transformers_longspark.benchmarks.common import machine_info
 from transformers_longspark.benchmarks.recall_task import (
+    TRAINING_OPTIONS,
     VARIANTS,
     RecallLanguage,
     format_ablation,
@@ -85,8 +86,9 @@ def trained_drafter(setup: dict, language: RecallLanguage, target, variant: str,
         target, language, variant, seed=seed, window_size=setup["window"], block_size=setup["block_size"]
     )
     print(f"== drafter {variant}: training {setup['drafter_steps']} steps", flush=True)
+    options = TRAINING_OPTIONS.get(variant, {})
     log = train_drafter(
-        target, drafter, language, setup["drafter_steps"], setup["max_distance"], seed=seed, log_every=100
+        target, drafter, language, setup["drafter_steps"], setup["max_distance"], seed=seed, log_every=100, **options
     )
     drafter.save_pretrained(folder)
     _save_summary(folder, log)

@@ -227,20 +227,23 @@ def test_each_rows_context_equals_its_context_alone(monkeypatch):
     over row `r`'s cached tokens alone: the summary absorbs only its real rows, the window holds its last `W` real
     rows, the boundary is its last accepted position."""
     rounds = []
-    read, propose = DraftSession.read_context, DraftSession.propose
+    read, draft_round = DraftSession.read_context, DraftSession.draft_round
 
     def spy_read(session, state, cache, num_columns, column_mask=None):
         context = read(session, state, cache, num_columns, column_mask)
         rounds.append({"context": context})
         return context
 
-    def spy_propose(session, context, requests, plan):
-        if context is not None:  # rounds whose plan proposes nothing read no context
+    def spy_round(session, requests, planners, read_context):
+        def reading():  # rounds whose plan proposes nothing read no context
+            context = read_context()
             rounds[-1].update(sequences=requests.sequences[requests.rows].clone(), lengths=requests.lengths.clone())
-        return propose(session, context, requests, plan)
+            return context
+
+        return draft_round(session, requests, planners, reading)
 
     monkeypatch.setattr(DraftSession, "read_context", spy_read)
-    monkeypatch.setattr(DraftSession, "propose", spy_propose)
+    monkeypatch.setattr(DraftSession, "draft_round", spy_round)
     target = context_target("qwen3")
     drafter = make_oracle_drafter(target, window_size=WINDOW, block_size=BLOCK, summary_chunk_size=5)
     greedy_pair(target, drafter, *left_padded(LENGTHS[5], seed=12), max_new_tokens=30)

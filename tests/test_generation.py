@@ -204,11 +204,11 @@ def test_confidence_threshold_ends_blocks_early_and_stays_exact(target_kind, thr
     from transformers_longspark.inference.session import DraftSession
 
     rounds = []  # (tokens allowed, draft probabilities of the tokens proposed)
-    original = DraftSession.propose
+    original = DraftSession.draft_round
 
-    def spy(self, context, requests, plan):
-        proposal = original(self, context, requests, plan)
-        if plan.sources[0] is not Source.DRAFTER:  # the last round has no room left
+    def spy(self, requests, planners, read_context):
+        proposal = original(self, requests, planners, read_context)
+        if proposal.sources[0] is not Source.DRAFTER:  # the last round has no room left
             return proposal
         k = int(proposal.num_drafted[0])
         drafted, logits = proposal.tokens[0, :k], proposal.logits[0, :k]
@@ -216,7 +216,7 @@ def test_confidence_threshold_ends_blocks_early_and_stays_exact(target_kind, thr
         rounds.append((allowed, logits.softmax(-1)[torch.arange(k), drafted]))
         return proposal
 
-    monkeypatch.setattr(DraftSession, "propose", spy)
+    monkeypatch.setattr(DraftSession, "draft_round", spy)
     target = make_bigram_target(target_kind, vocab_size=64, seed=2)
     drafter = make_oracle_drafter(target, strength=20.0, window_size=WINDOW, block_size=BLOCK)  # q of 0.2 to 0.9
     drafter.generation_config.assistant_confidence_threshold = threshold

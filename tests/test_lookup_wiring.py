@@ -19,16 +19,16 @@ from transformers_longspark.inference.planning import Source, SourceRecord
 
 
 def first_rounds(monkeypatch) -> list[tuple[list[Source], list[list[int]]]]:
-    """Collects each round's sources and proposed tokens (`DraftSession.propose`)."""
-    rounds, propose = [], session.DraftSession.propose
+    """Collects each round's sources and proposed tokens (`DraftSession.draft_round`)."""
+    rounds, draft_round = [], session.DraftSession.draft_round
 
-    def spy(self, context, requests, plan):
-        proposal = propose(self, context, requests, plan)
+    def spy(self, requests, planners, read_context):
+        proposal = draft_round(self, requests, planners, read_context)
         tokens = [proposal.tokens[r, : int(k)].tolist() for r, k in enumerate(proposal.num_drafted)]
-        rounds.append((list(plan.sources), tokens))
+        rounds.append((list(proposal.sources), tokens))
         return proposal
 
-    monkeypatch.setattr(session.DraftSession, "propose", spy)
+    monkeypatch.setattr(session.DraftSession, "draft_round", spy)
     return rounds
 
 

@@ -32,15 +32,15 @@ def lookup_drafter(target, **generation):
 
 
 def count_lookup(monkeypatch) -> list[int]:
-    """Collects the number of tokens of every lookup proposal (`DraftSession.propose`)."""
-    lengths, original = [], session.DraftSession.propose
+    """Collects the number of tokens of every lookup proposal (`DraftSession.draft_round`)."""
+    lengths, original = [], session.DraftSession.draft_round
 
-    def spy(self, context, requests, plan):
-        proposal = original(self, context, requests, plan)
-        lengths.extend(int(proposal.num_drafted[r]) for r, s in enumerate(plan.sources) if s is Source.LOOKUP)
+    def spy(self, requests, planners, read_context):
+        proposal = original(self, requests, planners, read_context)
+        lengths.extend(int(proposal.num_drafted[r]) for r, s in enumerate(proposal.sources) if s is Source.LOOKUP)
         return proposal
 
-    monkeypatch.setattr(session.DraftSession, "propose", spy)
+    monkeypatch.setattr(session.DraftSession, "draft_round", spy)
     return lengths
 
 

@@ -276,3 +276,21 @@ def test_summary_values_of_the_training_batch_carry_the_summary_queries_gradient
         assert values.requires_grad
         (gradient,) = torch.autograd.grad(values.square().sum(), drafter.summary_queries, retain_graph=True)
         assert gradient.abs().sum() > 0
+
+
+def test_window_dropout_masks_whole_windows_of_some_anchors_only(tmp_path):
+    """`window_dropout`: the dropped anchors see no window row (summary and boundary only); the others see exactly
+    their windows; a fraction outside [0, 1) is refused."""
+    target = make_target("llama")
+    drafter = make_drafter(target, window_size=8)
+    drafter.bind_target(target)
+    sequence = Sequence(torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(0)), 4)
+    anchors = torch.arange(10, 38)
+    plain = teacher_forced_batch(target, drafter, sequence, anchors).context.window_mask
+    generator = torch.Generator().manual_seed(1)
+    dropped = teacher_forced_batch(target, drafter, sequence, anchors, 0.5, generator).context.window_mask
+    empty = ~dropped.any(dim=1)
+    assert 0 < int(empty.sum()) < len(anchors)
+    assert torch.equal(dropped[~empty], plain[~empty]) and plain.all()
+    with pytest.raises(ValueError, match="window_dropout"):
+        tiny_config(tmp_path, window_dropout=1.0)

@@ -31,12 +31,12 @@ def run_calls(target, drafter, kind: str, calls: int | None = None) -> list[torc
 def test_two_speculative_threads_keep_their_own_hooks_and_fast_path(monkeypatch):
     target = make_bigram_target("qwen3", vocab_size=64, seed=2)
     drafter = make_oracle_drafter(target, agree_on=lambda ids: ids % 3 != 0, block_size=4)
-    proposals, propose = {}, session.DraftSession.propose  # thread -> the tokens of each proposal
+    proposals, draft_round = {}, session.DraftSession.draft_round  # thread -> the tokens of each proposal
     kinds = {}  # thread -> kind, for the two threads
     first_started, second_started, first_done = threading.Event(), threading.Event(), threading.Event()
 
-    def spy_propose(self, context, requests, plan):
-        proposal = propose(self, context, requests, plan)
+    def spy_round(self, requests, planners, read_context):
+        proposal = draft_round(self, requests, planners, read_context)
         mine = proposals.setdefault(threading.get_ident(), [])
         mine.append(proposal.tokens[0, : int(proposal.num_drafted[0])])
         kind = kinds.get(threading.get_ident())
@@ -48,7 +48,7 @@ def test_two_speculative_threads_keep_their_own_hooks_and_fast_path(monkeypatch)
             assert first_done.wait(WAIT_S)
         return proposal
 
-    monkeypatch.setattr(session.DraftSession, "propose", spy_propose)
+    monkeypatch.setattr(session.DraftSession, "draft_round", spy_round)
     expected = {}
     for kind in CALLS:  # sequential runs: the outputs and proposals of each kind alone
         outputs = run_calls(target, drafter, kind)

@@ -222,28 +222,28 @@ class FirstRoundDone(Exception):
 @contextlib.contextmanager
 def recorded_rounds(first_only: bool = False):
     """Records the transformers path's rounds inside the block: `(num_rows, anchor, drafts, from_lookup)` of each
-    round with a proposal (`DraftSession.propose`; with `first_only`, the first one ends the `generate` call)."""
+    round with a proposal (`DraftSession.draft_round`; with `first_only`, the first one ends the `generate` call)."""
     from transformers_longspark.inference.planning import Source
     from transformers_longspark.inference.session import DraftSession
 
     recorded: list[tuple[int, int, list[int], bool]] = []
-    original = DraftSession.propose
+    original = DraftSession.draft_round
 
-    def recording_propose(self, context, requests, plan):
-        proposal = original(self, context, requests, plan)
+    def recording_round(self, requests, planners, read_context):
+        proposal = original(self, requests, planners, read_context)
         length, k = int(requests.lengths[0]), int(proposal.num_drafted[0])
         if k:  # the last rounds may have no room left
             anchor, drafts = int(requests.sequences[0, length - 1]), proposal.tokens[0, :k].tolist()
-            recorded.append((length - 1, anchor, drafts, plan.sources[0] is Source.LOOKUP))
+            recorded.append((length - 1, anchor, drafts, proposal.sources[0] is Source.LOOKUP))
             if first_only:
                 raise FirstRoundDone
         return proposal
 
-    DraftSession.propose = recording_propose
+    DraftSession.draft_round = recording_round
     try:
         yield recorded
     finally:
-        DraftSession.propose = original
+        DraftSession.draft_round = original
 
 
 def load_lookup_drafter(served):

@@ -39,7 +39,11 @@ VARIANTS: dict[str, dict[str, bool]] = {
     "no-summary": {"use_global_summary": False},
     "no-boundary": {"use_boundary_state": False},
     "no-window": {"use_recent_window": False},
+    "window-dropout": {},
 }
+# Variants that differ in training only: "window-dropout" is the full drafter trained with half of its anchors'
+# windows masked out (`training.distillation.teacher_forced_batch`), so that the summary must carry the far needle.
+TRAINING_OPTIONS: dict[str, dict[str, float]] = {"window-dropout": {"window_dropout": 0.5}}
 # The paper's ablation (Table 4): average tau of Qwen3-8B's drafter on its benchmarks.
 PAPER_ABLATION = {"full": 4.69, "no-summary": 4.35, "no-boundary": 4.28, "no-window": 3.71}
 
@@ -178,6 +182,7 @@ def train_drafter(
     lr: float = 3e-3,
     seed: int = 0,
     log_every: int = 0,
+    window_dropout: float = 0.0,
 ) -> list[dict[str, float]]:
     """Trains `drafter` with the library's distillation loss (`training.distillation.sequence_loss`, the same
     forward as inference) on answers at log-uniform distances in `[1, max_distance]`. Returns the log."""
@@ -195,7 +200,10 @@ def train_drafter(
         for distance in log_uniform_distances(1, max_distance, sequences_per_step, generator):
             sequence = language.training_sequence(distance, generator)
             anchors = sample_anchors(sequence, language.needle_length, generator)
-            loss = sequence_loss(target, drafter, sequence, anchors) / sequences_per_step
+            loss = (
+                sequence_loss(target, drafter, sequence, anchors, window_dropout=window_dropout, generator=generator)
+                / sequences_per_step
+            )
             loss.backward()
             total += loss.item()
         torch.nn.utils.clip_grad_norm_(parameters, 1.0)
@@ -291,6 +299,7 @@ def format_ablation(result: dict[str, Any]) -> str:
 
 __all__ = [
     "PAPER_ABLATION",
+    "TRAINING_OPTIONS",
     "VARIANTS",
     "RecallLanguage",
     "format_ablation",

@@ -195,6 +195,8 @@ def plot_tau_curve(result: Mapping[str, Any], path: str | os.PathLike) -> Path:
     for axis, label in ((tau_axis, "tau (tokens per verification round)"), (first_axis, "P(draft 1 accepted)")):
         _length_axis(axis, lengths)
         axis.set_ylabel(label)
+    tau_axis.set_ylim(bottom=1.0)  # plain decoding's tau: the floor
+    first_axis.set_ylim(0.0, 1.0)
     tau_axis.legend()
     settings = result.get("settings", {})
     fig.suptitle(f"Greedy acceptance vs prefix length, {settings.get('max_new_tokens')} new tokens per prompt")

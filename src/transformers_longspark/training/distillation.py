@@ -70,9 +70,17 @@ def _target_pass(target, modules: TargetModules, config: LongSparkConfig, ids: t
 
 
 def teacher_forced_batch(
-    target, drafter: LongSparkDrafterModel, sequence: Sequence, anchors: torch.LongTensor
+    target,
+    drafter: LongSparkDrafterModel,
+    sequence: Sequence,
+    anchors: torch.LongTensor,
+    window_dropout: float = 0.0,
+    generator: torch.Generator | None = None,
 ) -> TeacherForcedBatch:
-    """Builds the anchors' context views from one target pass, exactly as inference would see them."""
+    """Builds the anchors' context views from one target pass, exactly as inference would see them.
+
+    `window_dropout`: the fraction of anchors (drawn with `generator`) whose recent window is masked out, so that
+    they must draft from the boundary state and the global summary alone (a training option; 0: the paper's)."""
     config = drafter.config
     ids = sequence.ids.to(drafter.device)
     anchors = anchors.to(ids.device)
@@ -102,6 +110,9 @@ def teacher_forced_batch(
     if config.reads_window:
         columns = prefix_columns(anchors, num_rows)
         window_keys, window_values, window_mask = window_views(kv, columns, config.window_width(int(anchors.max())))
+        if window_dropout > 0:
+            dropped = torch.rand(len(anchors), generator=generator) < window_dropout
+            window_mask = window_mask & ~dropped.to(window_mask.device)[:, None]
     summary_values = []
     if config.reads_summary:
         for j, (keys, values) in enumerate(kv):
@@ -144,10 +155,12 @@ def sequence_loss(
     anchors: torch.LongTensor,
     ce_weight: float = CE_WEIGHT,
     position_decay: float = POSITION_DECAY,
+    window_dropout: float = 0.0,
+    generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """`draft_loss` of the anchors of one sequence; `drafter` may be wrapped (DDP: `.module`)."""
     model = drafter.module if hasattr(drafter, "module") else drafter
-    batch = teacher_forced_batch(target, model, sequence, anchors)
+    batch = teacher_forced_batch(target, model, sequence, anchors, window_dropout, generator)
     logits = drafter(batch.block_ids, batch.context, batch.previous_ids).logits
     return draft_loss(logits, batch.target_probs, batch.labels, batch.valid, ce_weight, position_decay)
 

@@ -59,6 +59,7 @@ class TrainingConfig:
     max_steps: int | None = None  # overrides epochs when set
     ce_weight: float = CE_WEIGHT  # lam in the loss
     position_decay: float = POSITION_DECAY  # w_i = exp(-(i - 1) / position_decay)
+    window_dropout: float = 0.0  # fraction of anchors trained without their recent window (summary + boundary only)
     checkpoint_every: int = 100
     eval_every: int = 100
     eval_sequences: int = 16
@@ -79,6 +80,11 @@ class TrainingConfig:
         check_fields(cls, values, f"training config {path}")
         check_types(cls, values, f"training config {path}")
         return cls(**values)
+
+    def __post_init__(self):
+        if not 0.0 <= self.window_dropout < 1.0:
+            raise ValueError(f"window_dropout must lie in [0, 1), got {self.window_dropout}: it is the fraction of "
+                             "anchors trained without their recent window.")  # fmt: skip
 
     def check_paths(self) -> None:
         """Raises `FileNotFoundError` with the fix when the training data or a local `init_drafter` is missing, so
@@ -298,7 +304,9 @@ class Trainer:
         """The distillation loss of `anchors_per_sequence` anchors of `sequence`, drawn with `generator`."""
         c = self.config
         anchors = sample_anchors(sequence, c.anchors_per_sequence, generator)
-        return sequence_loss(self.target, drafter, sequence, anchors, c.ce_weight, c.position_decay)
+        return sequence_loss(
+            self.target, drafter, sequence, anchors, c.ce_weight, c.position_decay, c.window_dropout, generator
+        )
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
