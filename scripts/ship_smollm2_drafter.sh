@@ -19,8 +19,9 @@ longspark bench --workloads long --num-long-prompts 4 --long-lengths 4096 8192 -
     --num-threads 2 --json results/speed_long.json --markdown results/speed_long.md
 longspark bench --workloads short --num-short-prompts 6 --max-new-tokens 96 "${methods[@]}" \
     --num-threads 2 --json results/speed_short.json --markdown results/speed_short.md
-longspark bench tau --workloads long --by-length --long-lengths 256 512 1024 2048 4096 8192 --num-long-prompts 4 \
-    --max-new-tokens 32 --drafter-alone --whole-blocks --num-threads 2 --json results/long_range_curve.json \
+longspark bench tau --drafter "shipped=$card" --workloads long --by-length --long-lengths 256 512 1024 2048 4096 8192 \
+    --num-long-prompts 5 --max-new-tokens 32 --drafter-alone --whole-blocks --num-threads 2 \
+    --json results/long_range_curve.json \
     --plot results/long_range_curve.png
 # Stage 1's log predates token counting: 291.1 is the mean length of the 352 records it trained on.
 longspark card "$card" --benchmark results/speed_short.json results/speed_long.json \
