@@ -21,6 +21,7 @@ import os
 import time
 from pathlib import Path
 
+from transformers_longspark.benchmarks.common import machine_info
 from transformers_longspark.loading import SHIPPED_DRAFTER_DIR, smollm2_dir
 from transformers_longspark.vllm.run import DEFAULT_KV_CACHE_BYTES, spec_counters, speculative_config
 
@@ -94,7 +95,8 @@ def main() -> None:
         print(f"{method:<12}{identical:>20}{row['tokens_per_s']:>10.1f}{row['speedup']:>8.2f}x{tau:>7}")
     if args.json:
         settings = {k: v for k, v in vars(args).items() if k not in ("json", "verbose")}
-        args.json.write_text(json.dumps({"settings": settings, "engines": table}, indent=2) + "\n")
+        report = {"benchmark": "vllm_example", "settings": settings, "engines": table, "machine": machine_info()}
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
         print(f"\nWrote {args.json}")
 
 

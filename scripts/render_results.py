@@ -9,7 +9,8 @@ README.md holds the table between `<!-- results:begin REPORT.json ... -->` and `
 names the reports. The model card (`src/transformers_longspark/drafters/NAME/README.md`, written by `longspark card`)
 gets its "Measured" section re-rendered from the same reports, as `longspark card` writes it. Any other table of
 README.md, the card or `docs/*.md` sits between `<!-- table:begin REPORT.json -->` and `<!-- table:end -->` and is
-rendered from that one report (`bench tau`, with or without `--by-length`, and the long-range ablation).
+rendered from that one report (`bench tau`, with or without `--by-length`, the long-range ablation, and
+`examples/serve_vllm.py --json`).
 `tests/test_docs.py` runs the check.
 """
 
@@ -158,7 +159,25 @@ def report_table(path: Path) -> str:
         return (format_tau_curve if by_length else format_tau)(report)
     if kind == "long_range_ablation":
         return format_ablation(report)
+    if kind == "vllm_example":
+        return vllm_example_table(report)
     raise SystemExit(f"{path}: no table for a report of kind {kind!r} (its 'benchmark' field).")
+
+
+def vllm_example_table(report: dict[str, Any]) -> str:
+    """The table `examples/serve_vllm.py --json` prints: each engine on the same two requests."""
+    labels = {"plain": "plain vLLM", "ngram": "vLLM n-gram", "longspark": "vLLM + LongSpark"}
+    lines = ["| engine | identical to plain | tokens/s | speedup | tau |", "|---|---|---:|---:|---:|"]
+    for method, row in report["engines"].items():
+        tau = "-" if row["tau"] is None else f"{row['tau']:.2f}"
+        identical = "yes" if row["identical_to_plain"] else "**NO**"
+        lines.append(f"| {labels.get(method, method)} | {identical} | {row['tokens_per_s']:.1f} | "
+                     f"{row['speedup']:.2f}x | {tau} |")  # fmt: skip
+    settings, machine = report.get("settings", {}), report.get("machine", {})
+    lines += ["", f"Two requests served together (a chat question and a {settings.get('long_prompt_tokens')}-token "
+              f"held-out stdlib file), greedy, {settings.get('max_tokens')} new tokens each, {settings.get('dtype')}; "
+              f"{machine.get('cpu', 'an unknown CPU')}, torch {machine.get('torch', '?')}."]  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def render_tables(text: str) -> str:
