@@ -20,7 +20,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 
 from ..context_state import DraftContext, LongSparkContextState, boundary_states, read_context
 from ..modeling_longspark import LongSparkDrafterModel
-from ..targets import HiddenStateCapture, TargetModules, check_sliding_window, check_target_compatible
+from ..targets import HiddenStateCapture, TargetModules, check_sliding_window
 from .drafting import DraftRequests, DraftSettings, Proposal, plan_round, propose_blocks
 from .planning import RoundCosts, RoundPlanner, Source
 from .stats import DraftingStats
@@ -63,9 +63,8 @@ class DraftSession:
         costs: RoundCosts | None = None,
     ) -> DraftSession:
         """The session of `target.generate(input_ids, assistant_model=drafter, ...)` (with `costs`, a calibration, in
-        place of the drafter's cost fields). Refuses, before any forward, a drafter that does not match the target,
-        and sliding-window layers that the prompt would overflow."""
-        check_target_compatible(drafter.config, target)
+        place of the drafter's cost fields). `generate` has checked the drafter against the target before any forward
+        (`generation._validate_generation_mode`); this refuses sliding-window layers that the prompt would overflow."""
         check_sliding_window(target, drafter.config.target_layer_ids, input_ids.shape[1])
         return cls(drafter, target, DraftSettings.for_generate(drafter, generation_config, logits_processor, costs))
 
