@@ -42,7 +42,7 @@ def test_the_target_answers_and_the_task_needs_more_than_the_window(task):
 
 def test_the_summary_recalls_a_needle_beyond_the_window(task):
     """Tau on the answer with the needle 48-160 rows before the query, beyond the 16-row window: the drafter proposes
-    the needle's tokens from the summary (measured ~X; a drafter that cannot see the needle gets ~1 in 16 right)."""
+    the needle's tokens from the summary (measured 2.35-3.08 of at most 5; without the summary 1.29-1.38)."""
     target, drafter, language = task
     rows = recall_acceptance(target, {"full": drafter}, language, BEYOND_WINDOW, num_prompts=8)
     taus = [row["tau"] for row in rows]
