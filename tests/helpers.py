@@ -4,7 +4,10 @@ chi-square machinery of the exact-law tests, and small writers of training data 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
+import pytest
 import torch
 from scipy.stats import chisquare
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
@@ -14,6 +17,16 @@ from transformers.generation.logits_process import LogitsProcessor
 from transformers_longspark import LongSparkConfig, LongSparkDrafterModel  # also installs the generate() hook
 from transformers_longspark.training.run import TrainingConfig
 
+# vLLM runs in its own environment (`scripts/install_vllm.sh` makes `.venv-vllm/`; `LONGSPARK_VLLM_PYTHON` points
+# at another interpreter); the tests that need it are skipped, with this reason, without it.
+VLLM_PYTHON = Path(
+    os.environ.get("LONGSPARK_VLLM_PYTHON", Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python")
+)
+requires_vllm = pytest.mark.skipif(
+    not VLLM_PYTHON.exists(),
+    reason=f"vLLM is not installed: {VLLM_PYTHON} does not exist (`bash scripts/install_vllm.sh` makes it, or set "
+    "LONGSPARK_VLLM_PYTHON)",
+)
 TARGETS = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
 
 

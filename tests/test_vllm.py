@@ -26,15 +26,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import VLLM_PYTHON, requires_vllm
 from transformers_longspark.inference.planning import RoundPlanner
 
-REPO = Path(__file__).resolve().parents[1]
-VLLM_PYTHON = Path(os.environ.get("LONGSPARK_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
-requires_vllm = pytest.mark.skipif(
-    not VLLM_PYTHON.exists(),
-    reason=f"vLLM is not installed: {VLLM_PYTHON} does not exist (`bash scripts/install_vllm.sh` makes it, or set "
-    "LONGSPARK_VLLM_PYTHON)",
-)
 MAX_TOKENS = 40
 # Per request of `prompt_ids` (two chats, two code files): all at once, the requests finish at different steps, so
 # vLLM condenses its batch (a later request moves into a finished one's place) while the others decode.

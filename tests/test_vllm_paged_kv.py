@@ -10,25 +10,15 @@ is skipped with the reason without it. The end-to-end tests are in `test_vllm.py
 from __future__ import annotations
 
 import inspect
-import os
 import subprocess
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from helpers import pack_blocks
+from helpers import VLLM_PYTHON, pack_blocks, requires_vllm
 from transformers_longspark.vllm import DRAFTER_ENV, LongSparkProposer, PagedRequestRows, unpack_blocks
 from transformers_longspark.vllm.cpu_sampling import expand_batch_to_tokens
-
-REPO = Path(__file__).resolve().parents[1]
-VLLM_PYTHON = Path(os.environ.get("LONGSPARK_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
-requires_vllm = pytest.mark.skipif(
-    not VLLM_PYTHON.exists(),
-    reason=f"vLLM is not installed: {VLLM_PYTHON} does not exist (`bash scripts/install_vllm.sh` makes it, or set "
-    "LONGSPARK_VLLM_PYTHON)",
-)
 
 
 @pytest.mark.parametrize("layout", ["vec", "amx"])
