@@ -23,12 +23,8 @@ from transformers_longspark.training.prompt_sources import (
     normalize_record,
     split_prompts,
 )
-from transformers_longspark.training.regenerate import (
-    read_done_ids,
-    regenerate,
-    run_regenerate,
-    trim_response,
-)
+from transformers_longspark.training.regenerate import read_done_ids, regenerate, run_regenerate
+from transformers_longspark.training.response_engines import trim_response
 
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<|system|>", "<|user|>", "<|assistant|>"]
 CHAT_TEMPLATE = (

@@ -57,9 +57,25 @@ def add_regenerate_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["float32", "bfloat16", "float16"],
         help="dtype of the target's weights (default: float32)",
     )
-    parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument("--device", help="torch device (default: cuda if available, else cpu; transformers engine)")
+    parser.add_argument(
+        "--engine",
+        default="transformers",
+        choices=("transformers", "vllm"),  # `training.response_engines` (not imported here: it loads torch)
+        help="what generates: transformers' batched generate, or vLLM's offline engine (run from the environment "
+        "of scripts/install_vllm.sh: .venv-vllm/bin/longspark regenerate --engine vllm ...)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=256, help="longest response, in tokens")
-    parser.add_argument("--batch-size", type=int, default=8, help="prompts per generate call")
+    parser.add_argument("--batch-size", type=int, default=8, help="prompts per generate call (vLLM: 64-256)")
+    parser.add_argument(
+        "--max-batch-tokens", type=int, default=32768, help="vLLM: the most prompt tokens one batch may hold"
+    )
+    parser.add_argument(
+        "--samples-per-prompt",
+        type=int,
+        default=1,
+        help="responses sampled per training prompt (each its own record and seed; held-out prompts get one)",
+    )
     parser.add_argument("--temperature", type=float, default=0.7, help="0 decodes greedily")
     parser.add_argument("--top-p", type=float, default=0.8, help="nucleus sampling mass (1 disables it)")
     parser.add_argument("--top-k", type=int, default=20, help="0 disables top-k")

@@ -90,18 +90,25 @@ def load_target(
     if name_or_path in (None, DEMO_TARGET):
         model, tokenizer = load_smollm2(dtype)
     else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         require_folder(name_or_path, "Target", TARGET_FOLDER_FIX)
         try:
             model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
         except OSError as error:  # transformers' message does not name the model
             raise OSError(f"Cannot load the target {name_or_path}: {error}") from error
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-        except (OSError, ValueError):  # a folder without a tokenizer; callers that need one say so
-            tokenizer = None
+        tokenizer = load_tokenizer(name_or_path)
     return model.to(device).eval().requires_grad_(False), tokenizer
+
+
+def load_tokenizer(name_or_path: str | os.PathLike):
+    """The tokenizer of a target folder, or None when the folder has none (callers that need one say so)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path)
+    except (OSError, ValueError):
+        return None
 
 
 def load_drafter(

@@ -9,14 +9,16 @@ itself. :func:`regenerate` writes one JSON object per line into ``<output_dir>/p
      "prompt_ids": [...],           # the chat-templated prompt, as fed to the target
      "response_ids": [...]}         # the sampled response, ending with EOS if the target emitted one
 
-Load them with ``datasets.load_dataset("json", data_files=str(output_dir / "*.jsonl"))``. The run's settings are
-kept in ``<output_dir>/regenerate_config.json``; rerunning the same command after an interruption (even ``kill -9``)
-continues where it stopped, without duplicating or losing records.
+Load them with ``datasets.load_dataset("json", data_files=str(output_dir / "part-*.jsonl"))``. The run's settings
+are kept in ``<output_dir>/regenerate_config.json``, each run's throughput in ``regenerate_log.json``; rerunning the
+same command after an interruption (even ``kill -9``) continues where it stopped, without duplicating or losing
+records.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import logging
@@ -29,50 +31,25 @@ from typing import Any
 
 import torch
 from tqdm.auto import tqdm
-from transformers import (
-    GenerationConfig,
-    LogitsProcessor,
-    LogitsProcessorList,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..loading import load_target
+from ..loading import DEMO_TARGET, load_target, load_tokenizer, smollm2_dir
 from .prompt_sources import Prompt, interleave, load_prompts, split_prompts
+from .response_engines import Sampling, TransformersEngine, VLLMEngine
 
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "regenerate_config.json"
+LOG_FILE = "regenerate_log.json"  # not .jsonl: the data readers take every *.jsonl of a folder as records
 
 
 # --------------------------------------------------------------------------------------------------- regeneration
 
 
-class GumbelSampler(LogitsProcessor):
-    """Samples with a separate random generator per row by adding Gumbel noise to the (warped) log-probabilities.
-
-    ``argmax(scores + Gumbel noise)`` is an exact sample from ``softmax(scores)``, so greedy decoding after this
-    processor samples like ``do_sample=True`` does, but every row draws from its own ``torch.Generator`` seeded
-    with its record's seed: a record's response does not depend on the batch it was generated in.
-    """
-
-    def __init__(self, seeds: Sequence[int]):
-        self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        vocab = scores.shape[-1]
-        uniform = torch.stack([torch.rand(vocab, generator=generator) for generator in self.generators])
-        uniform = uniform.clamp_(min=torch.finfo(uniform.dtype).tiny, max=1.0 - torch.finfo(uniform.dtype).eps)
-        return scores + (-torch.log(-torch.log(uniform))).to(device=scores.device, dtype=scores.dtype)
-
-
 def regenerate(
     prompts: str | os.PathLike | Iterable[Mapping[str, Any]],
     output_dir: str | os.PathLike,
-    model: PreTrainedModel,
+    model: PreTrainedModel | TransformersEngine | VLLMEngine,
     tokenizer: PreTrainedTokenizerBase,
     *,
     max_new_tokens: int = 256,
@@ -88,42 +65,52 @@ def regenerate(
 
     ``prompts`` is anything :func:`load_prompts` accepts (a list of :data:`Prompt` included); ``limit`` keeps only
     the first ``limit`` prompts. Each prompt gets the target's chat template (``add_generation_prompt=True``,
-    ``enable_thinking=False``) and is sampled with temperature/top-k/top-p (``temperature=0``: greedy), in
-    left-padded batches. Record ``id`` samples with the seed ``seed + id``, so its response does not depend on how
-    the run was batched or interrupted (up to float rounding). Records are appended per finished batch (flushed and
-    fsynced); a rerun skips the ids already written and drops a half-written last line. The record format is in the
-    module docstring. Returns ``output_dir``.
+    ``enable_thinking=False``) and is sampled with temperature/top-k/top-p (``temperature=0``: greedy) by ``model``:
+    a transformers model (batched ``generate``) or an engine of :mod:`.response_engines` (vLLM's included). Record
+    ``id`` samples with the seed ``seed + id``, so its response does not depend on how the run was batched or
+    interrupted (up to float rounding); a run resumes only on the engine that began it. Records are appended per
+    finished batch (flushed and fsynced); a rerun skips the ids already written and drops a half-written last line.
+    The record format is in the module docstring. Returns ``output_dir``.
     """
     records = load_prompts(prompts)
+    engine = TransformersEngine(model, tokenizer) if isinstance(model, PreTrainedModel) else model
+    sampling = Sampling(max_new_tokens, temperature, top_p, top_k)
     output = Path(output_dir)
     output.mkdir(parents=True, exist_ok=True)
-    sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k}
-    _check_run_config(output, _run_config(records, model, max_new_tokens, seed, sampling))
+    _check_run_config(output, _run_config(records, engine, seed, sampling))
 
     done = read_done_ids(output)
     wanted = len(records) if limit is None else min(limit, len(records))
     pending = [index for index in range(wanted) if index not in done]
     logger.info("%s: %d records already written, %d to generate", output, len(done), len(pending))
     shard = _next_shard(output)
-    eos_ids, pad_id = _special_ids(model, tokenizer)
-    generation_config = GenerationConfig(
-        max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad_id, eos_token_id=eos_ids
-    )
 
     bar = tqdm(total=len(pending), unit="prompt", disable=not progress, mininterval=1 if sys.stderr.isatty() else 30)
     started, generated = time.monotonic(), 0
     for start in range(0, len(pending), batch_size):
         ids = pending[start : start + batch_size]
         prompt_ids = [_prompt_ids(tokenizer, records[i]["messages"]) for i in ids]
-        processors = _sampling_processors([seed + i for i in ids], **sampling)
-        responses = _generate(model, prompt_ids, generation_config, processors, eos_ids)
+        responses = engine.generate(prompt_ids, [seed + i for i in ids], sampling)
         batch = [_output_record(i, records[i], p, r, tokenizer) for i, p, r in zip(ids, prompt_ids, responses)]
         _append_records(shard, batch)
         generated += sum(map(len, responses))
         bar.update(len(ids))
         bar.set_postfix(tokens_per_s=f"{generated / (time.monotonic() - started):.1f}", refresh=False)
     bar.close()
+    if pending:
+        _log_run(output, engine, batch_size, len(pending), generated, time.monotonic() - started)
     return output
+
+
+def _log_run(output: Path, engine: Any, batch_size: int, records: int, tokens: int, seconds: float) -> None:
+    """Adds this run's throughput to the list in ``<output>/regenerate_log.json`` (the data of the throughput
+    tables)."""
+    entry = {"engine": engine.name, "batch_size": batch_size, "records": records, "response_tokens": tokens,
+             "seconds": seconds, "tokens_per_s": tokens / seconds, "torch_threads": torch.get_num_threads(),
+             "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}  # fmt: skip
+    path = output / LOG_FILE
+    runs = json.loads(path.read_text()) if path.exists() else []
+    path.write_text(json.dumps([*runs, entry], indent=1) + "\n")
 
 
 def read_done_ids(output_dir: str | os.PathLike) -> set[int]:
@@ -163,17 +150,17 @@ def _next_shard(output: Path) -> Path:
 
 
 def _run_config(
-    records: Sequence[Prompt], model: PreTrainedModel, max_new_tokens: int, seed: int, sampling: Mapping[str, Any]
+    records: Sequence[Prompt], engine: TransformersEngine | VLLMEngine, seed: int, sampling: Sampling
 ) -> dict[str, Any]:
     """What a resumed run must share with the original one (the prompt list is hashed)."""
     prompt_hash = hashlib.sha256(json.dumps([r["messages"] for r in records], sort_keys=True).encode()).hexdigest()
     return {
-        "target": str(getattr(model, "name_or_path", "")),
+        "target": engine.target,
+        "engine": engine.name,
         "num_prompts": len(records),
         "prompts_sha256": prompt_hash,
-        "max_new_tokens": max_new_tokens,
         "seed": seed,
-        **sampling,
+        **dataclasses.asdict(sampling),
     }
 
 
@@ -181,7 +168,7 @@ def _check_run_config(output: Path, config: dict[str, Any]) -> None:
     """Writes the run settings on the first run; on later runs, refuses settings that differ."""
     path = output / CONFIG_FILE
     if path.exists():
-        previous = json.loads(path.read_text())
+        previous = {"engine": "transformers", **json.loads(path.read_text())}  # runs before vLLM had no engine field
         changed = sorted(key for key in config.keys() | previous.keys() if config.get(key) != previous.get(key))
         if changed:
             raise ValueError(
@@ -192,70 +179,12 @@ def _check_run_config(output: Path, config: dict[str, Any]) -> None:
         path.write_text(json.dumps(config, indent=2) + "\n")
 
 
-def _special_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], int]:
-    """The EOS ids that end a response, and the id used for padding."""
-    eos = model.generation_config.eos_token_id
-    if eos is None:
-        eos = tokenizer.eos_token_id
-    if eos is None:
-        raise ValueError("Neither the target's generation config nor its tokenizer defines an EOS token.")
-    eos_ids = [eos] if isinstance(eos, int) else list(eos)
-    pad = model.generation_config.pad_token_id
-    if pad is None:
-        pad = tokenizer.pad_token_id
-    return eos_ids, eos_ids[0] if pad is None else pad
-
-
 def _prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
     """The chat-templated prompt as token ids (the template adds any BOS itself)."""
     if not tokenizer.chat_template:
         raise ValueError("The target's tokenizer has no chat template; regenerate needs a chat/instruct target.")
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=False)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def _sampling_processors(seeds: list[int], temperature: float, top_p: float, top_k: int) -> LogitsProcessorList:
-    """Warpers as ``generate(do_sample=True)`` builds them, then per-row Gumbel sampling; empty for greedy."""
-    if temperature == 0:
-        return LogitsProcessorList()
-    processors: list[LogitsProcessor] = [TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []
-    if top_k:
-        processors.append(TopKLogitsWarper(top_k))
-    if top_p < 1.0:
-        processors.append(TopPLogitsWarper(top_p))
-    return LogitsProcessorList([*processors, GumbelSampler(seeds)])
-
-
-@torch.no_grad()
-def _generate(
-    model: PreTrainedModel,
-    prompt_ids: list[list[int]],
-    generation_config: GenerationConfig,
-    processors: LogitsProcessorList,
-    eos_ids: list[int],
-) -> list[list[int]]:
-    """Generates from left-padded prompts; returns each response up to and including its first EOS."""
-    width = max(map(len, prompt_ids))
-    input_ids = torch.full((len(prompt_ids), width), generation_config.pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    for row, ids in enumerate(prompt_ids):
-        input_ids[row, width - len(ids) :] = torch.tensor(ids)
-        attention_mask[row, width - len(ids) :] = 1
-    output = model.generate(
-        input_ids=input_ids.to(model.device),
-        attention_mask=attention_mask.to(model.device),
-        generation_config=generation_config,
-        logits_processor=processors,
-    )
-    return [trim_response(row[width:].tolist(), eos_ids) for row in output]
-
-
-def trim_response(token_ids: list[int], eos_ids: Sequence[int]) -> list[int]:
-    """Cuts a generated row after its first EOS token (dropping the padding after it)."""
-    for position, token in enumerate(token_ids):
-        if token in eos_ids:
-            return token_ids[: position + 1]
-    return token_ids
 
 
 def _output_record(
@@ -283,20 +212,15 @@ def _append_records(shard: Path, records: list[dict[str, Any]]) -> None:
 
 
 def run_regenerate(args: argparse.Namespace) -> None:
-    """Runs ``longspark regenerate``: held-out prompts first (if any), then the interleaved training prompts."""
+    """Runs ``longspark regenerate``: held-out prompts first (if any), then the interleaved training prompts, each
+    repeated ``--samples-per-prompt`` times (every repeat a record of its own, with its own seed)."""
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     sources = [load_prompts(source, dataset_split=args.prompts_split) for source in args.prompts]
     splits = [split_prompts(prompts, args.held_out, args.seed) for prompts in sources]
-    train = interleave(*(train for train, _ in splits))
+    train = interleave(*(train for train, _ in splits)) * args.samples_per_prompt
     held_out = interleave(*(held for _, held in splits))
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model, tokenizer = load_target(args.target, getattr(torch, args.dtype), device)
-    if tokenizer is None:
-        raise ValueError(
-            f"{args.target} has no tokenizer; regeneration needs the target's tokenizer and chat "
-            "template. Save the tokenizer into the target folder."
-        )
+    engine, tokenizer = _engine(args)
     settings = {
         "max_new_tokens": args.max_new_tokens,
         "batch_size": args.batch_size,
@@ -306,6 +230,28 @@ def run_regenerate(args: argparse.Namespace) -> None:
         "seed": args.seed,
     }
     if held_out:
-        regenerate(held_out, args.output / "held_out", model, tokenizer, **settings)
+        regenerate(held_out, args.output / "held_out", engine, tokenizer, **settings)
     train_dir = args.output / "train" if held_out else args.output
-    regenerate(train, train_dir, model, tokenizer, limit=args.limit, **settings)
+    regenerate(train, train_dir, engine, tokenizer, limit=args.limit, **settings)
+
+
+def _engine(args: argparse.Namespace) -> tuple[TransformersEngine | VLLMEngine, PreTrainedTokenizerBase]:
+    """The engine of ``--engine`` on the ``--target``, and the target's tokenizer."""
+    if args.engine == "vllm":
+        target = smollm2_dir() if args.target in (None, DEMO_TARGET) else Path(args.target)
+        tokenizer = _require_tokenizer(load_tokenizer(target), args.target)
+        engine = VLLMEngine(target, tokenizer, dtype=args.dtype, max_batch_tokens=args.max_batch_tokens)
+        return engine, tokenizer
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model, tokenizer = load_target(args.target, getattr(torch, args.dtype), device)
+    tokenizer = _require_tokenizer(tokenizer, args.target)
+    return TransformersEngine(model, tokenizer), tokenizer
+
+
+def _require_tokenizer(tokenizer: PreTrainedTokenizerBase | None, target: str | None) -> PreTrainedTokenizerBase:
+    if tokenizer is None:
+        raise ValueError(
+            f"{target} has no tokenizer; regeneration needs the target's tokenizer and chat "
+            "template. Save the tokenizer into the target folder."
+        )
+    return tokenizer
