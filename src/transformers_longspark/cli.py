@@ -68,7 +68,10 @@ def add_regenerate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256, help="longest response, in tokens")
     parser.add_argument("--batch-size", type=int, default=8, help="prompts per generate call (vLLM: 64-256)")
     parser.add_argument(
-        "--max-batch-tokens", type=int, default=32768, help="vLLM: the most prompt tokens one batch may hold"
+        "--max-batch-tokens",
+        type=int,
+        default=32768,
+        help="vLLM: the engine's tokens per step (larger batches are generated in parts)",
     )
     parser.add_argument(
         "--samples-per-prompt",

@@ -19,7 +19,8 @@ two BLAS kernels do.
 
 A block may also run its layers in a lower precision (`dtype`, e.g. bfloat16 for the drafter on CPUs with native
 bf16 instructions, `fast_dtype`): the packed copy is then made in that dtype, inputs are cast to it and outputs back.
-The target's layers never are (its logits decide the output); the drafter's are, since the verifier divides by the
+With `torch.int8` the copy is int8 with a scale per output row (weight-only quantization; bf16 inputs). The target's
+layers never are (its logits decide the output); the drafter's are, since the verifier divides by the
 law the drafter actually produced, so its precision moves its acceptance, never the output.
 """
 
@@ -37,6 +38,8 @@ from torch import nn
 # Input rows (batch x tokens) up to which a layer uses its packed weight.
 MAX_PACKED_ROWS = 64
 _PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+# What a block may compute in: a packable dtype, or int8 weights (one scale per output row) with bf16 inputs.
+_COMPUTE_DTYPES = (*_PACKABLE_DTYPES, torch.int8)
 
 
 class _ThreadState(threading.local):
@@ -66,19 +69,31 @@ def _forget(key: tuple[int, torch.dtype]) -> None:
         del _packed[key]
 
 
-def _packed_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+def _packed_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | tuple[torch.Tensor, ...] | None:
     """`weight` in `dtype` and oneDNN's layout (packed on first use, again after it changes in place), or `None` where
-    it cannot be packed (the build or CPU lacks the kernel for that dtype)."""
+    it cannot be packed (the build or CPU lacks the kernel for that dtype). For `torch.int8`: `(int8 weight, bf16
+    scale per output row)`, symmetric, for `torch._weight_int8pack_mm` (input widths that are multiples of 16 only)."""
     state = (weight.data_ptr(), weight._version)
     entry = _entry(weight, dtype)
     if entry is None or entry[1] != state:
         try:
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype), None)
+            if dtype == torch.int8:  # the kernel reads inputs 16 wide: other widths give wrong results (torch 2.13)
+                packed = _int8_rows(weight.detach().float()) if weight.shape[1] % 16 == 0 else None
+            else:
+                packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype), None)
         except RuntimeError:  # e.g. bf16 without AVX-512 / AVX-NE-CONVERT
             packed = None
         key = (id(weight), dtype)
         entry = _packed[key] = (weakref.ref(weight, lambda _, key=key: _forget(key)), state, packed)
     return entry[2]
+
+
+def _int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-output-row symmetric int8: `weight ~ int8 * scale[:, None]`, `scale = max |row| / 127` (1 for a zero row)."""
+    scale = weight.abs().amax(dim=1) / 127
+    scale = torch.where(scale > 0, scale, 1.0)
+    quantized = torch.round(weight / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
+    return quantized, scale.to(torch.bfloat16)
 
 
 def packed_copy(weight: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor | None:
@@ -109,7 +124,8 @@ def linear(
     """`F.linear(input, weight, bias)`, from `weight` packed once when this thread is inside a `packed_linear_weights`
     block and the forward is one the packed kernel serves: CPU, a packable dtype, at most `MAX_PACKED_ROWS` rows, no
     gradient. `weight` `(out, in)`, `input` `(..., in)`. With `dtype` (a packable dtype other than the input's), the
-    product runs in `dtype` from a packed copy in that dtype, and the result is cast back to the input's dtype."""
+    product runs in `dtype` from a packed copy in that dtype, and the result is cast back to the input's dtype; with
+    `torch.int8`, from int8 weights with a scale per output row, on bf16 inputs."""
     if not _thread.depth:  # outside a block (training, other threads): nothing else to check
         return F.linear(input, weight, bias)
     compute = dtype or weight.dtype
@@ -117,11 +133,16 @@ def linear(
         input.dim() >= 2
         and input.numel() // input.shape[-1] <= MAX_PACKED_ROWS
         and input.dtype == weight.dtype
-        and compute in _PACKABLE_DTYPES
+        and compute in _COMPUTE_DTYPES
         and _packable(weight)
         and not (torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad))
     ):
         packed = _packed_weight(weight, compute)
+        if isinstance(packed, tuple):
+            quantized, scale = packed
+            rows = input.reshape(-1, input.shape[-1]).to(torch.bfloat16)
+            out = torch._weight_int8pack_mm(rows, quantized, scale).view(*input.shape[:-1], -1).to(input.dtype)
+            return out if bias is None else out + bias
         if packed is not None:
             if compute == input.dtype:
                 return torch.ops.mkldnn._linear_pointwise(input, packed, bias, "none", [], "")
@@ -175,8 +196,11 @@ def drafter_linear_dtype(drafter: nn.Module) -> torch.dtype:
     choice = getattr(drafter, "linear_dtype", "auto")
     if choice == "auto":
         return fast_dtype(drafter.dtype)
-    if choice not in _PACKABLE_DTYPES:
-        raise ValueError(f"drafter.linear_dtype must be 'auto', torch.float32 or torch.bfloat16, got {choice!r}.")
+    if choice not in _COMPUTE_DTYPES:
+        raise ValueError(
+            f"drafter.linear_dtype must be 'auto', torch.float32, torch.bfloat16 or torch.int8 (int8 weights, bf16 "
+            f"inputs), got {choice!r}."
+        )
     return choice
 
 

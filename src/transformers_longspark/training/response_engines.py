@@ -144,9 +144,9 @@ class VLLMEngine:
     """Responses from vLLM's offline engine: one `LLM` for the run, one `SamplingParams` (with its seed) per prompt.
 
     vLLM is imported here, so this runs in the environment where it is installed (`scripts/install_vllm.sh`:
-    `.venv-vllm/bin/longspark regenerate --engine vllm ...`). `max_batch_tokens` bounds the prompt tokens of one
-    batch: the engine schedules a whole batch's prefill at once, since vLLM 0.32's CPU runner fails on seeded requests
-    whose prefill is split ("CPU Generator does not use offset").
+    `.venv-vllm/bin/longspark regenerate --engine vllm ...`). `max_batch_tokens` is the engine's token budget per
+    step; a batch whose prompts exceed it is generated in parts, so that each part's prefill runs in one step: vLLM
+    0.32's CPU runner fails on seeded requests whose prefill is split ("CPU Generator does not use offset").
     """
 
     name = "vllm"
@@ -185,11 +185,10 @@ class VLLMEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        tokens = sum(map(len, prompt_ids)) + len(prompt_ids)
-        if tokens > self.max_batch_tokens:
-            raise ValueError(
-                f"A batch of {len(prompt_ids)} prompts holds {tokens} tokens, more than max_batch_tokens="
-                f"{self.max_batch_tokens}; lower --batch-size or raise --max-batch-tokens."
+        if len(prompt_ids) > 1 and sum(map(len, prompt_ids)) + len(prompt_ids) > self.max_batch_tokens:
+            half = len(prompt_ids) // 2  # one step must hold the whole batch's prefill: split it
+            return self.generate(prompt_ids[:half], seeds[:half], sampling) + self.generate(
+                prompt_ids[half:], seeds[half:], sampling
             )
         options: dict[str, Any] = dict(
             max_tokens=sampling.max_new_tokens, stop_token_ids=self.eos_ids, temperature=sampling.temperature
