@@ -35,7 +35,7 @@ def test_chunked_absorb_is_stable_for_large_scores():
     torch.manual_seed(0)
     queries, keys, values = torch.randn(2, 4, 8), 60 * torch.randn(1, 2, 100, 8), torch.randn(1, 2, 100, 8)
     state = LongSparkContextState(num_layers=1, chunk_size=7)
-    state.absorb(0, queries, keys, values)
+    state.absorb(queries[None], [keys], [values])
     assert torch.isfinite(state.summaries[0]).all()
     reference = reference_summary(queries, keys, values)
     torch.testing.assert_close(state.summaries[0].double(), reference, rtol=1e-5, atol=1e-5)
@@ -89,6 +89,21 @@ def test_state_size_does_not_depend_on_prefix_length():
     assert sizes == [expected] * 3
 
 
+def test_layers_absorbed_together_equal_each_layer_alone():
+    torch.manual_seed(0)
+    queries = torch.randn(3, 2, 4, 8)  # 3 layers
+    keys, values = [3 * torch.randn(2, 2, 20, 8) for _ in range(3)], [torch.randn(2, 2, 20, 8) for _ in range(3)]
+    mask = torch.rand(2, 20) > 0.3
+    together = LongSparkContextState(num_layers=3, chunk_size=6)
+    together.absorb(queries, [k[:, :, :9] for k in keys], [v[:, :, :9] for v in values], mask[:, :9])
+    together.absorb(queries, [k[:, :, 9:] for k in keys], [v[:, :, 9:] for v in values], mask[:, 9:])
+    for j in range(3):
+        alone = LongSparkContextState(num_layers=1, chunk_size=20)
+        alone.absorb(queries[j : j + 1], keys[j : j + 1], values[j : j + 1], mask)
+        torch.testing.assert_close(together.summaries[j], alone.summaries[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(together.log_norm[j], alone.log_norm[0], rtol=1e-5, atol=1e-5)
+
+
 def test_prefix_summaries_equal_incremental_summaries():
     torch.manual_seed(0)
     queries, keys, values = torch.randn(2, 4, 8), 2 * torch.randn(1, 2, 40, 8), torch.randn(1, 2, 40, 8)
@@ -96,7 +111,7 @@ def test_prefix_summaries_equal_incremental_summaries():
     batched = prefix_summaries(queries, keys, values, anchors)
     for a, t in enumerate(anchors.tolist()):
         state = LongSparkContextState(num_layers=1, chunk_size=3)
-        state.absorb(0, queries, keys[:, :, :t], values[:, :, :t])
+        state.absorb(queries[None], [keys[:, :, :t]], [values[:, :, :t]])
         torch.testing.assert_close(batched[a : a + 1], state.summaries[0], rtol=1e-5, atol=1e-5)
 
 

@@ -88,25 +88,25 @@ def stack_contexts(contexts: list[DraftContext]) -> DraftContext:
 def summarize_rows(
     queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention summary of a set of rows.
+    """Attention summary of a set of rows, for one layer or for several at once (leading dims `...`).
 
     Args:
-        queries: `(num_kv_heads, m, head_dim)` summary queries `U`.
-        keys / values: `(N, num_kv_heads, T, head_dim)`, with `T >= 1`.
+        queries: `(..., num_kv_heads, m, head_dim)` summary queries `U`.
+        keys / values: `(..., N, num_kv_heads, T, head_dim)`, with `T >= 1`.
         mask: `(N, T)` bool, True for the rows to summarize; `None` summarizes them all. A request without any row
             gets `log_norm = -inf` and a zero `out`, the empty summary `merge_summaries` accepts.
 
     Returns:
-        `(log_norm, out)`: `(N, num_kv_heads, m)` log-sum-exp of the scores and `(N, num_kv_heads, m, head_dim)`
-        the softmax-weighted values, both float32.
+        `(log_norm, out)`: `(..., N, num_kv_heads, m)` log-sum-exp of the scores and `(..., N, num_kv_heads, m,
+        head_dim)` the softmax-weighted values, both float32.
     """
     scale = queries.shape[-1] ** -0.5
-    scores = torch.einsum("hmd,nhtd->nhmt", queries.float(), keys.float()) * scale
+    scores = torch.einsum("...hmd,...nhtd->...nhmt", queries.float(), keys.float()) * scale
     if mask is not None:
         scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
     log_norm = torch.logsumexp(scores, dim=-1)
     weights = torch.exp(scores - _finite_or_zero(log_norm).unsqueeze(-1))
-    out = torch.einsum("nhmt,nhtd->nhmd", weights, values.float())
+    out = torch.einsum("...nhmt,...nhtd->...nhmd", weights, values.float())
     return log_norm, out
 
 
@@ -225,49 +225,65 @@ def gather_columns(rows: torch.Tensor, index: torch.LongTensor) -> torch.Tensor:
 class LongSparkContextState:
     """Persistent drafter state of `N` requests: global summary, rows absorbed, boundary states.
 
-    The summary keeps, per selected layer, a `(N, num_kv_heads, m)` log-normaliser and a `(N, num_kv_heads, m,
-    head_dim)` value in float32. `absorb` folds in the rows the target cache gained since the last round (all of
-    the prompt at prefill, in chunks of `chunk_size` rows, then at most `B + 1` rows per round). `num_absorbed`
-    counts cache columns (shared by the `N` requests), whether or not they were real rows of a request.
+    The summary keeps a `(D, N, num_kv_heads, m)` log-normaliser and a `(D, N, num_kv_heads, m, head_dim)` value in
+    float32, all `D` selected layers in one tensor (one set of operations per update, not one per layer). `absorb`
+    folds in the rows the target cache gained since the last round (all of the prompt at prefill, in chunks of
+    `chunk_size` rows, then at most `B + 1` rows per round). `num_absorbed` counts cache columns (shared by the `N`
+    requests), whether or not they were real rows of a request.
     """
 
     def __init__(self, num_layers: int, chunk_size: int):
+        self.num_layers = num_layers
         self.chunk_size = chunk_size
         self.num_absorbed = 0
-        self.log_norms: list[torch.Tensor | None] = [None] * num_layers
-        self.summaries: list[torch.Tensor | None] = [None] * num_layers
+        self.log_norm: torch.Tensor | None = None
+        self.summary: torch.Tensor | None = None
         self.boundary_states: torch.Tensor | None = None
 
     def absorb(
         self,
-        layer: int,
         queries: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
         mask: torch.Tensor | None = None,
     ) -> None:
-        """Folds rows `(N, num_kv_heads, n, head_dim)` into layer `layer`'s summary, `chunk_size` rows at a time.
+        """Folds new rows into every layer's summary, `chunk_size` rows at a time.
 
-        `mask` `(N, n)` marks each request's real rows (False for padding and rejected drafts); `None`: all real."""
-        for start in range(0, keys.shape[2], self.chunk_size):
+        Args:
+            queries: `(D, num_kv_heads, m, head_dim)`, the drafter's `U`.
+            keys / values: per layer, `(N, num_kv_heads, n, head_dim)` rows (views of the cache; each chunk of the
+                `D` layers is stacked once).
+            mask: `(N, n)`, each request's real rows (False for padding and rejected drafts); `None`: all real.
+        """
+        if len(keys) != self.num_layers:
+            raise ValueError(f"absorb takes the rows of all {self.num_layers} layers at once, got {len(keys)}.")
+        for start in range(0, keys[0].shape[2], self.chunk_size):
             chunk = slice(start, start + self.chunk_size)
             chunk_mask = None if mask is None else mask[:, chunk]
-            log_norm, out = summarize_rows(queries, keys[:, :, chunk], values[:, :, chunk], chunk_mask)
-            if self.log_norms[layer] is not None:
-                log_norm, out = merge_summaries(self.log_norms[layer], self.summaries[layer], log_norm, out)
-            self.log_norms[layer], self.summaries[layer] = log_norm, out
+            chunk_keys, chunk_values = (
+                torch.stack([rows[:, :, chunk] for rows in layers]) for layers in (keys, values)
+            )
+            log_norm, out = summarize_rows(queries, chunk_keys, chunk_values, chunk_mask)
+            if self.log_norm is not None:
+                log_norm, out = merge_summaries(self.log_norm, self.summary, log_norm, out)
+            self.log_norm, self.summary = log_norm, out
+
+    @property
+    def summaries(self) -> list[torch.Tensor]:
+        """Per layer, the `(N, num_kv_heads, m, head_dim)` summary `S_t` (views; empty before any row)."""
+        return [] if self.summary is None else list(self.summary.unbind(0))
 
     def select(self, indices: torch.LongTensor) -> None:
         """Keeps the requests `indices` `(N',)` only, in that order (e.g. the unfinished rows of a batch)."""
-        self.log_norms = [None if t is None else t[indices] for t in self.log_norms]
-        self.summaries = [None if t is None else t[indices] for t in self.summaries]
+        if self.summary is not None:
+            self.log_norm, self.summary = self.log_norm[:, indices], self.summary[:, indices]
         if self.boundary_states is not None:
             self.boundary_states = self.boundary_states[indices]
 
     @property
     def nbytes(self) -> int:
         """Bytes held between rounds (summary + boundary); fixed by the config, whatever the prefix length."""
-        tensors = [*self.log_norms, *self.summaries, self.boundary_states]
+        tensors = [self.log_norm, self.summary, self.boundary_states]
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
@@ -300,8 +316,8 @@ def read_context(
         new_mask = column_mask[:, num_columns - new_rows :]
     layer_rows = [read_cache_rows(cache, layer_id, rows_to_read) for layer_id in config.target_layer_ids]
     if config.reads_summary and new_rows > 0:
-        for j, (keys, values) in enumerate(layer_rows):
-            state.absorb(j, summary_queries[j], keys[:, :, -new_rows:], values[:, :, -new_rows:], new_mask)
+        new_keys = [keys[:, :, -new_rows:] for keys, _ in layer_rows]
+        state.absorb(summary_queries, new_keys, [values[:, :, -new_rows:] for _, values in layer_rows], new_mask)
     state.num_absorbed = num_columns
     window_keys, window_values, window_mask = [], [], None
     if config.reads_window:
