@@ -12,6 +12,7 @@ from transformers_longspark import benchmarks
 from transformers_longspark.benchmarks import memory, run_batched_benchmark
 from transformers_longspark.benchmarks.batched import format_batched
 from transformers_longspark.benchmarks.report import format_memory
+from transformers_longspark.inference.planning import RoundCosts
 from transformers_longspark.inference.stats import tau
 
 # --- command line -------------------------------------------------------------------------------------------------
@@ -129,8 +130,11 @@ def test_tau_command_compares_drafters_on_the_same_prompts(tmp_path, monkeypatch
     from types import SimpleNamespace
 
     from transformers_longspark.benchmarks import cli
+    from transformers_longspark.benchmarks import tau as tau_module
 
     target = context_target("qwen3")
+    costs = RoundCosts(draft_round_cost=0.5, verify_token_cost=0.1)  # this "machine's" calibration
+    monkeypatch.setattr(tau_module, "calibrated_costs", lambda target, drafter: costs)
     drafters = {
         str(tmp_path / "oracle"): make_oracle_drafter(target, window_size=8, block_size=4),
         str(tmp_path / "random"): make_drafter(target),
@@ -151,6 +155,8 @@ def test_tau_command_compares_drafters_on_the_same_prompts(tmp_path, monkeypatch
         assert row["greedy_identical"] and row["tau"] == tau(row["new_tokens"], row["rounds"], row["prompts"])
     assert rows["short", "oracle"]["tau"] > rows["short", "random"]["tau"]
     assert rows["long", "oracle"]["acceptance_rates"][0] > 0 and rows["short", "random"]["acceptance_rates"] == []
+    for row in rows.values():  # every round priced: a target step, its verification's extra, the drafter forward
+        assert row["costs"]["draft_round_cost"] == 0.5 and 0 < row["tokens_per_step"] < row["tau"]
 
 
 def test_tau_curve_by_length_runs_the_drafter_alone_and_draws_it(tmp_path, monkeypatch):
@@ -183,6 +189,17 @@ def test_tau_curve_by_length_runs_the_drafter_alone_and_draws_it(tmp_path, monke
     assert plot.read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(ValueError, match="--by-length"):
         benchmarks.main(["tau", "--drafter=oracle=x", "--workloads", "long", "--plot", str(plot)])
+
+
+def test_tokens_per_step_prices_each_round_by_its_source():
+    from transformers_longspark.benchmarks.tau import round_cost_steps
+    from transformers_longspark.inference.stats import DraftingStats
+
+    stats = DraftingStats(rounds=10, drafter_rounds=6, drafted_tokens=20)  # 6 drafter rounds, 4 plain or lookup
+    assert round_cost_steps(stats, RoundCosts(), prompt_length=100) == 10
+    costs = RoundCosts(draft_round_cost=0.3, verify_round_cost=0.05, verify_token_cost=0.02, step_doubling_length=100)
+    expected = 10 * 1.05 + 0.02 * 20 + 6 * 0.3 / 2  # at a 100-token prefix a target step costs twice its short cost
+    assert round_cost_steps(stats, costs, prompt_length=100) == pytest.approx(expected)
 
 
 def test_tau_command_rejects_an_unnamed_drafter(tmp_path):

@@ -2,12 +2,15 @@
 
 Every drafter decodes every prompt greedily with `target.generate(assistant_model=drafter)`; greedy decoding is
 lossless, so all of them must produce the same tokens, which is checked and reported (`greedy_identical`). Per
-workload and drafter: tau (`inference.stats.tau`, summed over the prompts) and the per-position acceptance
-`[P(draft 1 accepted), P(drafts 1-2 accepted), ...]` from `drafter.drafting_stats`.
+workload and drafter: tau (`inference.stats.tau`, summed over the prompts), the per-position acceptance
+`[P(draft 1 accepted), P(drafts 1-2 accepted), ...]` from `drafter.drafting_stats`, and the tokens per target step
+once each round is priced by this machine's calibrated costs (`inference.calibration`): what a user gets, so that a
+cheaper drafter that accepts less can win.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -16,6 +19,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from ..inference.calibration import calibrated_costs
+from ..inference.planning import RoundCosts
 from ..inference.stats import DraftingStats, tau
 from .common import machine_info
 from .defaults import DRAFTER_ALONE, WHOLE_BLOCKS
@@ -58,7 +63,11 @@ def run_tau_benchmark(
     """`{"rows": [{workload, drafter, prompts, new_tokens, rounds, tau, acceptance_rates, accepted_histogram,
     greedy_identical}], ...}` for every workload of `prompts` and every drafter of `drafters` (name -> model).
     `whole_blocks` drafts whole blocks (confidence thresholds 0), as the drafter was trained; `drafter_alone` turns
-    the lookup source and the cost model off, so that every round drafts."""
+    the lookup source and the cost model off, so that every round drafts.
+
+    `tokens_per_step` prices every round with the drafter's calibrated costs on this machine (`calibrated_costs`,
+    reported as `costs`): `(new tokens - prompts) / sum of (1 + verify_cost(proposed) + drafter_cost(length))` over
+    the rounds, a drafter round costing `draft_round_cost` and a lookup round nothing; with all costs 0 it is tau."""
     device = next(target.parameters()).device
     rows = []
     bar = tqdm(total=sum(len(items) for items in prompts.values()) * len(drafters), disable=not progress)
@@ -66,10 +75,11 @@ def run_tau_benchmark(
         outputs: dict[str, list[list[int]]] = {}
         workload_rows = []
         for name, drafter in drafters.items():
+            costs = calibrated_costs(target, drafter)
             settings = {**(WHOLE_BLOCKS if whole_blocks else {}), **(DRAFTER_ALONE if drafter_alone else {})}
             for field, value in settings.items():
                 setattr(drafter.generation_config, field, value)
-            total, new_tokens, outputs[name] = DraftingStats(), 0, []
+            total, new_tokens, cost_steps, outputs[name] = DraftingStats(), 0, 0.0, []
             for prompt in items:
                 ids = torch.tensor([prompt["input_ids"]], device=device)
                 out = target.generate(
@@ -82,6 +92,7 @@ def run_tau_benchmark(
                 outputs[name].append(out[0, ids.shape[1] :].tolist())
                 new_tokens += out.shape[1] - ids.shape[1]
                 stats = drafter.drafting_stats
+                cost_steps += round_cost_steps(stats, costs, ids.shape[1])
                 total.rounds += stats.rounds
                 total.record_accepted([k for k, count in enumerate(stats.accepted_histogram) for _ in range(count)])
                 bar.update(1)
@@ -93,6 +104,8 @@ def run_tau_benchmark(
                     "new_tokens": new_tokens,
                     "rounds": total.rounds,
                     "tau": tau(new_tokens, total.rounds, len(items)) if total.rounds else None,
+                    "tokens_per_step": (new_tokens - len(items)) / cost_steps if cost_steps else None,
+                    "costs": dataclasses.asdict(costs),
                     "acceptance_rates": total.acceptance_rates(),
                     "accepted_histogram": total.accepted_histogram,
                 }
@@ -116,19 +129,29 @@ def run_tau_benchmark(
     }
 
 
+def round_cost_steps(stats: DraftingStats, costs: RoundCosts, prompt_length: int) -> float:
+    """What the rounds of one `generate` call cost, in plain target steps: each a target step plus its verification's
+    extra, and each drafter round its drafter forward at this prefix (`RoundCosts`)."""
+    verification = stats.rounds * (1.0 + costs.verify_round_cost) + costs.verify_token_cost * stats.drafted_tokens
+    return verification + stats.drafter_rounds * costs.drafter_cost(prompt_length)
+
+
 def format_tau(result: Mapping[str, Any]) -> str:
     """Markdown table of `run_tau_benchmark`'s result."""
     lines = [
-        "| workload | drafter | prompts | tau | rounds | acceptance (draft 1, 1-2, ...) | greedy identical |",
-        "|---|---|---:|---:|---:|---|---|",
+        "| workload | drafter | prompts | tau | tokens per step | drafter round (steps) | rounds "
+        "| acceptance (draft 1, 1-2, ...) | greedy identical |",
+        "|---|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for row in result["rows"]:
         value = "-" if row["tau"] is None else f"{row['tau']:.3f}"
+        per_step = "-" if row.get("tokens_per_step") is None else f"{row['tokens_per_step']:.3f}"
+        round_cost = "-" if "costs" not in row else f"{row['costs']['draft_round_cost']:.3f}"
         acceptance = " ".join(f"{rate:.2f}" for rate in row["acceptance_rates"][:8])
         identical = "yes" if row["greedy_identical"] else "NO"
         lines.append(
-            f"| {row['workload']} | {row['drafter']} | {row['prompts']} | {value} | {row['rounds']} | {acceptance} | "
-            f"{identical} |"
+            f"| {row['workload']} | {row['drafter']} | {row['prompts']} | {value} | {per_step} | {round_cost} | "
+            f"{row['rounds']} | {acceptance} | {identical} |"
         )
     settings = result.get("settings", {})
     lines += [
@@ -136,7 +159,8 @@ def format_tau(result: Mapping[str, Any]) -> str:
         f"Greedy, {settings.get('max_new_tokens')} new tokens per prompt"
         + (", whole blocks" if settings.get("whole_blocks") else ", each drafter's own generation config")
         + (", the drafter alone (lookup off, costs 0)" if settings.get("drafter_alone") else "")
-        + "; tau = (new tokens - prompts) / verification rounds over the prompts.",
+        + "; tau = (new tokens - prompts) / verification rounds over the prompts; tokens per step divides the same "
+        "tokens by the rounds' cost in target steps, from this machine's calibration (drafter round, verification).",
     ]
     return "\n".join(lines) + "\n"
 
