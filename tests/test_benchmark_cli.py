@@ -165,6 +165,7 @@ def test_tau_curve_by_length_runs_the_drafter_alone_and_draws_it(tmp_path, monke
     from types import SimpleNamespace
 
     from transformers_longspark.benchmarks import cli
+    from transformers_longspark.benchmarks import tau as tau_module
 
     target = context_target("qwen3")
     drafter = make_oracle_drafter(target, window_size=8, block_size=4)
@@ -179,6 +180,7 @@ def test_tau_curve_by_length_runs_the_drafter_alone_and_draws_it(tmp_path, monke
     monkeypatch.setattr(cli, "_load_target", lambda args: (target, SimpleNamespace(pad_token_id=0, eos_token_id=1)))
     monkeypatch.setattr(cli, "_load_drafter_from", lambda args, target, path: (drafter, {"path": path}))
     monkeypatch.setattr(cli, "long_context_prompts", curve_prompts)
+    monkeypatch.setattr(tau_module, "calibrated_costs", lambda target, drafter: RoundCosts())
     path, plot = tmp_path / "curve.json", tmp_path / "curve.png"
     arguments = ["tau", "--drafter=oracle=x", "--workloads", "long", "--long-lengths", "12", "30", "--by-length"]
     benchmarks.main([*arguments, "--drafter-alone", "--max-new-tokens", "6", "--json", str(path), "--plot", str(plot)])
