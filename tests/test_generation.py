@@ -1,5 +1,7 @@
 """Assisted generation with a LongSpark drafter is lossless: greedy equality, and the exact law when sampling."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from transformers import TextStreamer
@@ -207,6 +209,7 @@ def test_confidence_threshold_ends_blocks_early_and_stays_exact(target_kind, thr
     original = DraftSession.draft_round
 
     def spy(self, requests, planners, read_context):
+        self.settings = replace(self.settings, return_logits=True)  # greedy rounds skip them: keep them to inspect
         proposal = original(self, requests, planners, read_context)
         if proposal.sources[0] is not Source.DRAFTER:  # the last round has no room left
             return proposal
@@ -239,8 +242,8 @@ def test_block_confidence_threshold_cuts_where_the_block_probability_falls(targe
     blocks = []  # (block probability after each drafted token, tokens kept, tokens drafted)
     original = drafting.draft_tokens
 
-    def spy(*args, **kwargs):
-        proposal = original(*args, **kwargs)
+    def spy(drafter, context, requests, settings):
+        proposal = original(drafter, context, requests, replace(settings, return_logits=True))  # kept to inspect
         tokens, logits = proposal.tokens, proposal.logits
         probs = logits[0].softmax(-1)[torch.arange(tokens.shape[1]), tokens[0]]
         blocks.append((probs.cumprod(0), int(proposal.num_drafted[0]), tokens.shape[1]))
@@ -298,3 +301,27 @@ def test_processors_see_each_drafted_token_while_a_block_is_drafted(batch_size, 
         for i, input_ids in enumerate(seen):
             assert input_ids.shape[1] == int(lengths[0]) + i
             assert torch.equal(input_ids[rows, int(lengths[0]) :], tokens[:, :i])
+
+
+@pytest.mark.parametrize(
+    ("sampling", "logits_kept"),
+    [
+        ({"do_sample": False}, False),
+        ({"do_sample": True}, True),
+        ({"do_sample": False, "assistant_ensemble_weight": 0.5}, True),
+    ],
+)
+def test_proposals_carry_their_logits_only_where_the_verifier_reads_them(sampling, logits_kept, monkeypatch):
+    """Greedy verification compares tokens, so greedy rounds skip the `(k, vocab)` logits; sampled verification and
+    transformers' ensemble of target and drafter laws read them."""
+    from transformers_longspark.inference.session import DraftSession
+
+    proposals = []
+    original = DraftSession.draft_round
+    monkeypatch.setattr(DraftSession, "draft_round", lambda *a: proposals.append(original(*a)) or proposals[-1])
+    target = make_bigram_target("llama", vocab_size=64, seed=2)
+    drafter = make_oracle_drafter(target, window_size=WINDOW, block_size=BLOCK)
+    prompt = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(3))
+    target.generate(prompt, max_new_tokens=12, assistant_model=drafter, **sampling)
+    drafted = [p for p in proposals if int(p.num_drafted.sum())]
+    assert drafted and all((p.logits is not None) == logits_kept for p in drafted)

@@ -58,6 +58,9 @@ class DraftSettings:
             machine and target (`calibration.py`).
         eos_token_ids: `(k,)` ids that end a block, or `None`.
         logits_processor: `generate`'s processors, applied to every drafted position, or `None`.
+        return_logits: give each proposal the `(n, k, vocab_size)` logits its tokens were drawn from, which the
+            verifier of sampled decoding divides by; greedy decoding compares tokens only and skips building them
+            (unless `assistant_ensemble_weight` mixes the drafter's law into the choice).
     """
 
     block_size: int
@@ -71,6 +74,7 @@ class DraftSettings:
     costs: RoundCosts = field(default_factory=RoundCosts)
     eos_token_ids: torch.Tensor | None = None
     logits_processor: LogitsProcessorList | None = None
+    return_logits: bool = True
 
     @classmethod
     def from_drafter(
@@ -103,12 +107,15 @@ class DraftSettings:
     ) -> DraftSettings:
         """The settings of a `generate` call: its sampling, EOS ids and logits processors (and `costs`, when the
         drafter's are calibrated)."""
+        do_sample = bool(generation_config.do_sample)
+        ensemble = getattr(generation_config, "assistant_ensemble_weight", None) is not None
         return cls.from_drafter(
             drafter,
             costs,
-            do_sample=bool(generation_config.do_sample),
+            do_sample=do_sample,
             eos_token_ids=eos_token_tensor(generation_config),
             logits_processor=logits_processor or None,
+            return_logits=do_sample or ensemble,
         )
 
     @property
@@ -152,14 +159,15 @@ class Proposal:
 
     Attributes:
         tokens: `(n, k)` proposed tokens; columns past `num_drafted[r]` are to be ignored.
-        logits: `(n, k, vocab_size)` the processed logits each token was drawn from (one-hot for lookup tokens).
+        logits: `(n, k, vocab_size)` the processed logits each token was drawn from (one-hot for lookup tokens), or
+            `None` when the settings do not ask for them (`DraftSettings.return_logits`).
         num_drafted: `(n,)` tokens proposed per request.
         sources: per request, where its proposal came from (`Source.NONE`: no proposal).
         forward_seconds: the time of the drafter forward, if one ran (`DraftingStats.drafter_forward_seconds`).
     """
 
     tokens: torch.LongTensor
-    logits: torch.Tensor
+    logits: torch.Tensor | None
     num_drafted: torch.LongTensor
     sources: list[Source]
     forward_seconds: float = 0.0
@@ -291,17 +299,20 @@ def draft_tokens(
         num_drafted += drafting
         sequences[rows, lengths + i] = token
         drafted_ids.append(token)
-        drafted_logits.append(logits)
+        if settings.return_logits:
+            drafted_logits.append(logits)
         # Tokens after an EOS can never be kept, so the block ends there.
         if eos_token_ids is not None:
             drafting &= ~torch.isin(token, eos_token_ids.to(device))
         previous = token
     sources = [Source.DRAFTER] * len(rows)
     if not drafted_ids:
-        empty_logits = base_logits.new_zeros(len(rows), 0, drafter.config.vocab_size)
-        return Proposal(sequences.new_zeros(len(rows), 0), empty_logits, num_drafted, sources, forward_seconds)
-    logits = torch.stack(drafted_logits, dim=1)
-    logits = drafter.to_target_vocab(logits) if in_draft_vocab else logits
+        empty = base_logits.new_zeros(len(rows), 0, drafter.config.vocab_size) if settings.return_logits else None
+        return Proposal(sequences.new_zeros(len(rows), 0), empty, num_drafted, sources, forward_seconds)
+    logits = None
+    if settings.return_logits:
+        logits = torch.stack(drafted_logits, dim=1)
+        logits = drafter.to_target_vocab(logits) if in_draft_vocab else logits
     return Proposal(torch.stack(drafted_ids, dim=1), logits, num_drafted, sources, forward_seconds)
 
 
@@ -368,18 +379,22 @@ def propose_blocks(
     width = max([len(c) for c in plan.continuations.values()] + [drafted.tokens.shape[1] if drafted else 0])
     proposal = Proposal(
         tokens=sequences.new_zeros(n, width),
-        logits=torch.zeros(n, width, vocab_size, device=device),
+        logits=torch.zeros(n, width, vocab_size, device=device) if settings.return_logits else None,
         num_drafted=lengths.new_zeros(n),
         sources=list(plan.sources),
     )
     if drafted is not None:
         k = drafted.tokens.shape[1]
-        proposal.tokens[drafter_rows, :k], proposal.logits[drafter_rows, :k] = drafted.tokens, drafted.logits
+        proposal.tokens[drafter_rows, :k] = drafted.tokens
+        if settings.return_logits:
+            proposal.logits[drafter_rows, :k] = drafted.logits
         proposal.num_drafted[drafter_rows] = drafted.num_drafted
         proposal.forward_seconds = drafted.forward_seconds
     for r, continuation in plan.continuations.items():
         ids = torch.tensor(continuation, device=device)
-        proposal.tokens[r, : len(ids)], proposal.logits[r, : len(ids)] = ids, point_mass_logits(ids, vocab_size)
+        proposal.tokens[r, : len(ids)] = ids
+        if settings.return_logits:
+            proposal.logits[r, : len(ids)] = point_mass_logits(ids, vocab_size)
         proposal.num_drafted[r] = len(ids)
         sequences[rows[r], lengths[r] : lengths[r] + len(ids)] = ids  # the logits processors read the drafts
     return proposal

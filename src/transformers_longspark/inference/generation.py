@@ -113,7 +113,8 @@ class LongSparkCandidateGenerator(CandidateGenerator):
         k = int(self.proposal.num_drafted[0])
         if k == 0:  # the verification forward still runs: one plain decoding step
             return input_ids, None
-        return torch.cat([input_ids, self.proposal.tokens[:, :k]], dim=1), self.proposal.logits[:, :k]
+        logits = None if self.proposal.logits is None else self.proposal.logits[:, :k]  # None: greedy compares tokens
+        return torch.cat([input_ids, self.proposal.tokens[:, :k]], dim=1), logits
 
     @torch.no_grad()
     def update_context(self, cache, num_cached: int, n_last_matches: int) -> DraftContext:
