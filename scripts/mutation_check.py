@@ -53,6 +53,8 @@ EOS_CUT = ("tests/test_draft_eos_cut.py",)
 VLLM_FAKE_RUNNER = ("tests/test_vllm_proposer.py",)
 LONG_RANGE = ("tests/test_long_range_recall.py",)
 DISTRIBUTED = ("tests/test_distributed_training.py",)
+REGENERATION = ("tests/test_data.py",)
+TAU_BENCH = ("tests/test_benchmark_cli.py",)
 # The chi-square tests of test_generation check the verifier's law (independent of what the drafter sees); ~50 s.
 SLOW_TESTS = ["tests/test_generation.py::test_sampling_matches_the_exact_target_law",
               "tests/test_generation.py::test_chi_square_detects_a_broken_verifier"]  # fmt: skip
@@ -291,6 +293,18 @@ MUTATIONS = [
              DISTRIBUTED),
     Mutation("the schedule counts each process's advance as a step", "training/run.py",
              "step = advances // num_processes", "step = advances", DISTRIBUTED),
+    # This session: int8 weights, greedy rounds without logits, the regeneration engines, tokens per step.
+    Mutation("int8 weights used without their row scales", "packed_linear.py",
+             "return quantized, scale.to(torch.bfloat16)", "return quantized, torch.ones_like(scale).bfloat16()",
+             PACKED),
+    Mutation("sampled rounds drop the logits their verifier divides by", "inference/drafting.py",
+             "return_logits=do_sample or ensemble,", "return_logits=ensemble,", GENERATION),
+    Mutation("every record of a batch sampled with the batch's first seed", "training/regenerate.py",
+             "engine.generate(prompt_ids, [seed + i for i in ids], sampling)",
+             "engine.generate(prompt_ids, [seed + ids[0]] * len(ids), sampling)", REGENERATION),
+    Mutation("tokens per step leaves the drafter's forward unpriced", "benchmarks/tau.py",
+             "return verification + stats.drafter_rounds * costs.drafter_cost(prompt_length)", "return verification",
+             TAU_BENCH),
 ]  # fmt: skip
 
 
