@@ -39,7 +39,7 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--num-threads", type=int, default=2, help="torch threads of the transformers engine")
-    parser.add_argument("--transformers-batch", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--transformers-batch", type=int, nargs="*", default=[16, 64])
     parser.add_argument("--vllm-dtype", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--vllm-batch", type=int, default=128)
     parser.add_argument("--json", type=Path)

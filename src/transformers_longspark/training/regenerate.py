@@ -157,6 +157,7 @@ def _run_config(
     return {
         "target": engine.target,
         "engine": engine.name,
+        "dtype": engine.dtype,
         "num_prompts": len(records),
         "prompts_sha256": prompt_hash,
         "seed": seed,
@@ -168,7 +169,8 @@ def _check_run_config(output: Path, config: dict[str, Any]) -> None:
     """Writes the run settings on the first run; on later runs, refuses settings that differ."""
     path = output / CONFIG_FILE
     if path.exists():
-        previous = {"engine": "transformers", **json.loads(path.read_text())}  # runs before vLLM had no engine field
+        # Runs from before the engine option: transformers, in the dtype of the target (recorded since).
+        previous = {"engine": "transformers", "dtype": config["dtype"], **json.loads(path.read_text())}
         changed = sorted(key for key in config.keys() | previous.keys() if config.get(key) != previous.get(key))
         if changed:
             raise ValueError(
