@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The SmolLM2 drafter's training data at scale: SmolLM2-135M-Instruct's own answers to GSM8K, MMATH (English) and
 # Python-stdlib code prompts, 6 samples per training prompt (T=0.7, top-k 20, top-p 0.8; ~11K records, ~2M response
-# tokens), written by vLLM's offline engine in bf16 (1.5x its fp32 throughput here, 3.7x transformers'; greedy fp32 records equal the
-# transformers engine's, tests/test_regenerate_vllm.py). 40 prompts per source are held out exactly as the benchmarks
+# tokens), written by vLLM's offline engine in bf16 (1.5x its fp32 throughput here, 3.7x transformers'; greedy fp32
+# records equal the transformers engine's, tests/test_regenerate_vllm.py). 40 prompts per source are held out exactly as the benchmarks
 # hold them out (`--held-out 40 --seed 0`), so no benchmark prompt is trained on.
 # Resumable: rerun the same command after any interruption (kill -9 included); it continues where it stopped.
 # ~2 hours on a 2-core CPU; run it in the background: nohup bash scripts/regenerate_smollm2.sh > regenerate.log 2>&1 &
