@@ -171,7 +171,7 @@ MUTATIONS = [
     Mutation("batched verification processes every position with the anchor's prefix", "inference/batched.py",
              "self.row_ids, self.lengths + i, logits[:, i])", "self.row_ids, self.lengths, logits[:, i])",
              PROCESSORS_ON_LOOKUP),
-    Mutation("rows of different lengths processed in one call, at the shortest length", "inference/drafting.py",
+    Mutation("rows of different lengths processed in one call, at the shortest length", "inference/processors.py",
              "if len(distinct) == 1 and len(rows) == len(sequences):", "if len(rows) == len(sequences):",
              PROCESSORS_ON_LOOKUP),
     # What the session tells each request's planner.

@@ -43,8 +43,9 @@ from .batched_checks import (
     max_cache_columns,
 )
 from .calibration import costs_for_generate
-from .drafting import DraftRequests, DraftSettings, process_logits
+from .drafting import DraftRequests, DraftSettings
 from .planning import RoundPlanner
+from .processors import process_logits
 from .session import DraftSession
 
 # --- acceptance rules -------------------------------------------------------------------------------------------

@@ -2,9 +2,9 @@
 
 `plan_round` chooses each request's source (`planning.py`): the lookup source's continuation (`lookup.py`), a block
 drafted by one drafter forward (`draft_tokens`, which applies the Markov correction, `generate`'s logits processors
-token by token (`process_logits`) and the confidence cuts), or no proposal. `propose_blocks` proposes accordingly.
-`DraftSettings` holds what the cuts, the lookup source, the cost model and the sampling read; `DraftRequests` the
-requests of one round. The drafting session (`session.py`) calls them each round.
+token by token (`processors.process_logits`) and the confidence cuts), or no proposal. `propose_blocks` proposes
+accordingly. `DraftSettings` holds what the cuts, the lookup source, the cost model and the sampling read;
+`DraftRequests` the requests of one round. The drafting session (`session.py`) calls them each round.
 """
 
 from __future__ import annotations
@@ -14,18 +14,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 from transformers import GenerationConfig
-from transformers.generation.logits_process import (
-    EpsilonLogitsWarper,
-    EtaLogitsWarper,
-    InfNanRemoveLogitsProcessor,
-    LogitsProcessorList,
-    MinPLogitsWarper,
-    SuppressTokensLogitsProcessor,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-    TypicalLogitsWarper,
-)
+from transformers.generation.logits_process import LogitsProcessorList
 
 from ..context_state import DraftContext
 from ..modeling_longspark import LongSparkDrafterModel
@@ -33,6 +22,7 @@ from ..transformers_private import eos_token_tensor
 from .knobs import DraftingKnobs
 from .lookup import SuffixIndex, point_mass_logits
 from .planning import RoundCosts, RoundPlan, RoundPlanner, Source, batch_round_pays
+from .processors import DRAFT_VOCAB_PROCESSORS, process_logits
 
 # The longest suffix the lookup source matches: longer matches are rarer and add little over this one.
 LOOKUP_MAX_NGRAM = 6
@@ -177,65 +167,6 @@ class Proposal:
         """`(n,)` which requests took the lookup continuation."""
         flags = [source is Source.LOOKUP for source in self.sources]
         return torch.tensor(flags, dtype=torch.bool, device=self.num_drafted.device)
-
-
-# Processors that read the scores alone, never the sequence: applied to all requests at once, whatever their lengths.
-SCORE_ONLY_PROCESSORS = (
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-    MinPLogitsWarper,
-    TypicalLogitsWarper,
-    EpsilonLogitsWarper,
-    EtaLogitsWarper,
-    InfNanRemoveLogitsProcessor,
-    SuppressTokensLogitsProcessor,
-)
-
-
-# Score-only processors that give the same distribution over the tokens a draft vocabulary holds whether they see only
-# those tokens or the whole target vocabulary with the rest at -inf (temperature, the top-k / top-p / min-p cuts):
-# drafts under them are drawn among the draft vocabulary's own logits (`draft_tokens`).
-DRAFT_VOCAB_PROCESSORS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper)
-
-
-def process_logits(
-    logits_processor: LogitsProcessorList | None,
-    sequences: torch.LongTensor,
-    rows: torch.LongTensor,
-    lengths: torch.LongTensor,
-    logits: torch.Tensor,
-) -> torch.Tensor:
-    """Applies `generate`'s logits processors to the next-token logits `(n, V)` of `n` requests of a batch.
-
-    Args:
-        sequences: `(batch, S)` every sequence of the batch, finished ones included; request `r` is batch row
-            `rows[r]` and its sequence so far `sequences[rows[r], :lengths[r]]`, as plain `generate` would pass it
-            (left padding included).
-        rows / lengths: `(n,)`; `rows` are distinct.
-
-    A processor sees the whole batch in its order, as in plain `generate`: some keep per-row state (repetition
-    penalty skips each row's left padding). When the requests' lengths differ (a batch whose sequences accepted
-    different numbers of drafts), each length gets its own call, and only the rows of that length are kept from it;
-    processors that read the scores alone (`SCORE_ONLY_PROCESSORS`) run once for all.
-    """
-    if not logits_processor:
-        return logits
-    distinct = lengths.unique()
-    if len(distinct) == 1 and len(rows) == len(sequences):  # the whole batch (rows are distinct), as in `generate`
-        return logits_processor(sequences[:, : int(distinct[0])], logits)
-    for processor in logits_processor:
-        if isinstance(processor, SCORE_ONLY_PROCESSORS):
-            logits = processor(sequences[rows, : int(distinct[0])], logits)
-            continue
-        processed = torch.empty_like(logits)
-        for length in distinct.tolist():
-            group = (lengths == length).nonzero()[:, 0]
-            batch_logits = logits.new_zeros(len(sequences), logits.shape[-1])
-            batch_logits[rows[group]] = logits[group]
-            processed[group] = processor(sequences[:, :length], batch_logits)[rows[group]]
-        logits = processed
-    return logits
 
 
 @torch.no_grad()
@@ -401,14 +332,11 @@ def propose_blocks(
 
 
 __all__ = [
-    "DRAFT_VOCAB_PROCESSORS",
     "LOOKUP_MAX_NGRAM",
-    "SCORE_ONLY_PROCESSORS",
     "DraftRequests",
     "DraftSettings",
     "Proposal",
     "draft_tokens",
     "plan_round",
-    "process_logits",
     "propose_blocks",
 ]
