@@ -112,8 +112,8 @@ MUTATIONS = [
              BATCHES),
     # The lookup source.
     Mutation("lookup tokens handed to the verifier with a uniform law", "inference/drafting.py",
-             "logits[r, : len(ids)] = ids, point_mass_logits(ids, vocab_size)",
-             "logits[r, : len(ids)] = ids, torch.zeros(len(ids), vocab_size)", LOOKUP),
+             "proposal.logits[r, : len(ids)] = point_mass_logits(ids, vocab_size)",
+             "proposal.logits[r, : len(ids)] = torch.zeros(len(ids), vocab_size)", LOOKUP),
     Mutation("lookup index one token behind (the anchor missing)", "inference/drafting.py",
              "index.extend(requests.sequences[row, index.offset + len(index) : length].tolist())",
              "index.extend(requests.sequences[row, index.offset + len(index) : length - 1].tolist())", LOOKUP),
