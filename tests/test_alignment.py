@@ -9,7 +9,7 @@ the tests here catch the plausible one-line off-by-ones.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -17,6 +17,7 @@ from transformers import DynamicCache
 
 from helpers import make_drafter, make_target
 from transformers_longspark.context_state import DraftContext
+from transformers_longspark.inference.drafting import DraftSettings
 from transformers_longspark.inference.generation import LongSparkCandidateGenerator
 from transformers_longspark.training.data import Sequence, load_sequences
 from transformers_longspark.training.distillation import sample_anchors, teacher_forced_batch
@@ -98,6 +99,10 @@ def forced_generate(target, drafter, prompt, schedule, monkeypatch) -> tuple[tor
     try:
         with monkeypatch.context() as patch:
             patch.setattr(LongSparkCandidateGenerator, "get_candidates", get_candidates)
+            # Greedy rounds skip their logits (the verifier compares tokens); keep them to compare with training.
+            for_generate = DraftSettings.for_generate.__func__
+            keep_logits = classmethod(lambda cls, *a, **k: replace(for_generate(cls, *a, **k), return_logits=True))
+            patch.setattr(DraftSettings, "for_generate", keep_logits)
             output = target.generate(prompt, do_sample=False, max_new_tokens=reference.shape[1] - prompt.shape[1],
                                      assistant_model=drafter)  # fmt: skip
     finally:
