@@ -54,7 +54,7 @@ VLLM_FAKE_RUNNER = ("tests/test_vllm_proposer.py",)
 LONG_RANGE = ("tests/test_long_range_recall.py",)
 DISTRIBUTED = ("tests/test_distributed_training.py",)
 REGENERATION = ("tests/test_data.py",)
-TAU_BENCH = ("tests/test_benchmark_cli.py",)
+TAU_BENCH = ("tests/test_benchmark_cli.py::test_tokens_per_step_prices_each_round_by_its_source",)
 # The chi-square tests of test_generation check the verifier's law (independent of what the drafter sees); ~50 s.
 SLOW_TESTS = ["tests/test_generation.py::test_sampling_matches_the_exact_target_law",
               "tests/test_generation.py::test_chi_square_detects_a_broken_verifier"]  # fmt: skip
