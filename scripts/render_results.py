@@ -184,37 +184,41 @@ def vllm_example_table(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _table(header: list[str], rows: list[list[str]], note: str, text_columns: int = 1) -> str:
+    """A Markdown table (the first `text_columns` left-aligned, the rest right-aligned) and its note."""
+    align = ["---"] * text_columns + ["---:"] * (len(header) - text_columns)
+    lines = [f"| {' | '.join(cells)} |" for cells in (header, *rows)]
+    lines.insert(1, f"|{'|'.join(align)}|")
+    return "\n".join([*lines, "", note]) + "\n"
+
+
 def regeneration_table(report: dict[str, Any]) -> str:
     """The table `scripts/regeneration_throughput.py --json` prints: each engine on the same prompts."""
-    lines = ["| engine | dtype | batch | response tokens | seconds | tokens/s | vs transformers |",
-             "|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
-    runs = report["runs"]
+    runs, machine = report["runs"], report.get("machine", {})
     baseline = max(row["tokens_per_s"] for row in runs if row["engine"] == "transformers")
-    for row in runs:
-        ratio = row["tokens_per_s"] / baseline
-        lines.append(f"| {row['engine']} | {row['dtype']} | {row['batch_size']} | {row['response_tokens']:,} | "
-                     f"{row['seconds']:.0f} | {row['tokens_per_s']:.0f} | {ratio:.2f}x |")  # fmt: skip
-    machine = report.get("machine", {})
-    lines += ["", f"{report['num_prompts']} prompts (gsm8k, mmath-en, stdlib-code), sampled (T=0.7, top-k 20, "
-              f"top-p 0.8), at most {report['max_new_tokens']} new tokens each; transformers at "
-              f"{runs[0].get('torch_threads', '?')} threads; {machine.get('cpu', 'an unknown CPU')} "
-              f"({machine.get('cpu_cores', '?')} cores), torch {machine.get('torch', '?')}."]  # fmt: skip
-    return "\n".join(lines) + "\n"
+    rows = [[row["engine"], row["dtype"], str(row["batch_size"]), f"{row['response_tokens']:,}",
+             f"{row['seconds']:.0f}", f"{row['tokens_per_s']:.0f}", f"{row['tokens_per_s'] / baseline:.2f}x"]
+            for row in runs]  # fmt: skip
+    note = (f"{report['num_prompts']} prompts (gsm8k, mmath-en, stdlib-code), sampled (T=0.7, top-k 20, top-p 0.8), "
+            f"at most {report['max_new_tokens']} new tokens each; transformers at "
+            f"{runs[0].get('torch_threads', '?')} threads; {machine.get('cpu', 'an unknown CPU')} "
+            f"({machine.get('cpu_cores', '?')} cores), torch {machine.get('torch', '?')}.")  # fmt: skip
+    header = ["engine", "dtype", "batch", "response tokens", "seconds", "tokens/s", "vs transformers"]
+    return _table(header, rows, note, text_columns=2)
 
 
 def round_parts_table(report: dict[str, Any]) -> str:
     """The table `scripts/drafter_round_parts.py --json` prints: a drafter round by part, per linear dtype."""
-    lines = ["| linear dtype | drafter forward | context read | planning | rest | round (ms) | in target steps | tau |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
-    for row in report["settings"].values():
-        lines.append(f"| {row['dtype'].removeprefix('torch.')} | {row['drafter_forward']:.2f} | "
-                     f"{row['context_read']:.2f} | {row['planning']:.2f} | {row['rest']:.2f} | {row['total']:.2f} | "
-                     f"{row['round_steps']:.3f} | {row['tau']:.2f} |")  # fmt: skip
     machine = report.get("machine", {})
-    lines += ["", f"Drafter alone on {report['prompts']} held-out short prompts, greedy; a plain step on the fast path "
-              f"took {report['plain_step_ms']:.1f} ms; {machine.get('cpu', 'an unknown CPU')}, "
-              f"{machine.get('torch_threads', '?')} threads, torch {machine.get('torch', '?')}."]  # fmt: skip
-    return "\n".join(lines) + "\n"
+    rows = [[row["dtype"].removeprefix("torch."), *(f"{row[k]:.2f}" for k in
+             ("drafter_forward", "context_read", "planning", "rest", "total")), f"{row['round_steps']:.3f}",
+             f"{row['tau']:.2f}"] for row in report["settings"].values()]  # fmt: skip
+    note = (f"Drafter alone on {report['prompts']} held-out short prompts, greedy; a plain step on the fast path "
+            f"took {report['plain_step_ms']:.1f} ms; {machine.get('cpu', 'an unknown CPU')}, "
+            f"{machine.get('torch_threads', '?')} threads, torch {machine.get('torch', '?')}.")  # fmt: skip
+    header = ["linear dtype", "drafter forward", "context read", "planning", "rest", "round (ms)", "in target steps",
+              "tau"]  # fmt: skip
+    return _table(header, rows, note)
 
 
 def render_tables(text: str) -> str:
