@@ -6,9 +6,11 @@
 # hold them out (`--held-out 40 --seed 0`), so no benchmark prompt is trained on.
 # Resumable: rerun the same command after any interruption (kill -9 included); it continues where it stopped.
 # ~2 hours on a 2-core CPU; run it in the background: nohup bash scripts/regenerate_smollm2.sh > regenerate.log 2>&1 &
+# Responses already sampled are rebuilt from the committed archives in regenerated/smollm2 (seconds, not hours); to
+# add new ones there: longspark pack data/smollm2 regenerated/smollm2 (safe while this script still runs).
 # Usage: bash scripts/regenerate_smollm2.sh [OUTPUT_DIR]   (default data/smollm2; needs scripts/install_vllm.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec .venv-vllm/bin/python -m transformers_longspark.cli regenerate --engine vllm --dtype bfloat16 \
     --prompts gsm8k mmath-en stdlib-code --held-out 40 --seed 0 --samples-per-prompt 6 \
-    --max-new-tokens 256 --batch-size 128 --output "${1:-data/smollm2}"
+    --max-new-tokens 256 --batch-size 128 --archives regenerated/smollm2 --output "${1:-data/smollm2}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import lzma
 from pathlib import Path
 
 import datasets
@@ -24,6 +25,7 @@ from transformers_longspark.training.prompt_sources import (
     split_prompts,
 )
 from transformers_longspark.training.regenerate import read_done_ids, regenerate, run_regenerate
+from transformers_longspark.training.response_archive import archived_responses, pack_responses
 from transformers_longspark.training.response_engines import trim_response
 
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<|system|>", "<|user|>", "<|assistant|>"]
@@ -266,3 +268,46 @@ def test_cli_writes_held_out_and_train(tmp_path, target):
     assert [r["source"] for r in train] == ["alpha", "beta"] * 3  # interleaved
     held_prompts = {r["messages"][0]["content"] for r in held}
     assert not held_prompts & {r["messages"][0]["content"] for r in train}
+
+
+# ------------------------------------------------------------------------------------------------- response archives
+
+
+def test_archived_responses_rebuild_the_records_without_sampling(tmp_path, target, monkeypatch):
+    model, tokenizer = target
+    data_dir, archives = tmp_path / "data", tmp_path / "archives"
+    regenerate(PROMPTS, data_dir, model, tokenizer, limit=3, **SETTINGS)
+    with (data_dir / "part-00000.jsonl").open("a") as shard:  # a run still writing: a half-written last line
+        shard.write('{"id": 3, "source": "toy", "messa')
+    first = pack_responses(data_dir, archives)
+    assert first.name == "responses-000.jsonl.xz"
+    assert (data_dir / "part-00000.jsonl").read_text().endswith("messa")  # packing leaves the data as it is
+    regenerate(PROMPTS, data_dir, model, tokenizer, **SETTINGS)  # drops the half line, samples ids 3..6
+    second = pack_responses(data_dir, archives)
+    config = json.loads((data_dir / data.CONFIG_FILE).read_text())
+    assert sorted(archived_responses(first.parent, config)) == list(range(len(PROMPTS)))
+    assert pack_responses(data_dir, archives) is None  # nothing new
+    second.unlink()
+    assert sorted(archived_responses(archives, config)) == [0, 1, 2]  # each file holds only what was new
+
+    pack_responses(data_dir, archives)
+    monkeypatch.setattr(model, "generate", lambda *args, **kwargs: pytest.fail("an archived record was sampled"))
+    rebuilt = regenerate(PROMPTS, tmp_path / "rebuilt", model, tokenizer, archives=archives, **SETTINGS)
+    assert _records(rebuilt) == _records(data_dir)
+
+
+def test_archives_of_other_settings_are_not_used(tmp_path, target):
+    model, tokenizer = target
+    regenerate(PROMPTS[:2], tmp_path / "data", model, tokenizer, **SETTINGS)
+    pack_responses(tmp_path / "data", tmp_path / "archives")
+    other = {**SETTINGS, "seed": SETTINGS["seed"] + 1}
+    output = regenerate(PROMPTS[:2], tmp_path / "other", model, tokenizer, archives=tmp_path / "archives", **other)
+    assert _records(output) != _records(tmp_path / "data")  # sampled with the other seed, not copied
+
+
+def test_pack_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="holds no regenerated records"):
+        pack_responses(tmp_path, tmp_path / "archives")
+    (tmp_path / "responses-000.jsonl.xz").write_bytes(lzma.compress(b'{"not": "an archive"}\n'))
+    with pytest.raises(ValueError, match="is not a response archive"):
+        archived_responses(tmp_path, {})

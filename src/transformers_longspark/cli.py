@@ -91,7 +91,26 @@ def add_regenerate_arguments(parser: argparse.ArgumentParser) -> None:
         "generated first, into OUTPUT/held_out",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the held-out split and of the sampling")
+    parser.add_argument(
+        "--archives",
+        type=Path,
+        help="folder of response archives (`longspark pack`): records sampled before with the same settings are "
+        "rebuilt from them instead of sampled again",
+    )
     parser.add_argument("--num-threads", type=int, help="torch CPU threads (default: torch's choice)")
+
+
+def _add_pack_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("data", type=Path, help="a regenerate --output folder (it may still be written to)")
+    parser.add_argument("archives", type=Path, help="folder of response archives; gets one new responses-NNN.jsonl.xz")
+
+
+def _run_pack(args: argparse.Namespace) -> None:
+    from .training.response_archive import pack_responses
+
+    path = pack_responses(args.data, args.archives)
+    print(f"Wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)." if path else f"{args.archives} already holds every "
+          f"response of {args.data}.")  # fmt: skip
 
 
 def _run_regenerate(args: argparse.Namespace) -> None:
@@ -208,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     for name, add, run, help_text in [
         ("regenerate", add_regenerate_arguments, _run_regenerate, "regenerate responses with the frozen target"),
+        ("pack", _add_pack_arguments, _run_pack, "archive regenerated responses, compressed, to rebuild them later"),
         ("train", _add_train_arguments, _run_train, "train a drafter (accelerate; resumable)"),
         ("calibrate", _add_calibrate_arguments, _run_calibrate, "measure the round costs on this machine (cached)"),
         ("card", _add_card_arguments, _run_card, "write a model card from a benchmark report"),

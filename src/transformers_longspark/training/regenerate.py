@@ -35,6 +35,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..loading import DEMO_TARGET, load_target, load_tokenizer, smollm2_dir
 from .prompt_sources import Prompt, interleave, load_prompts, split_prompts
+from .response_archive import archived_responses
 from .response_engines import Sampling, TransformersEngine, VLLMEngine
 
 logger = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ def regenerate(
     top_k: int = 20,
     limit: int | None = None,
     seed: int = 0,
+    archives: str | os.PathLike | None = None,
     progress: bool = True,
 ) -> Path:
     """Samples the frozen target's response to every prompt and writes the records to ``output_dir``.
@@ -70,20 +72,32 @@ def regenerate(
     ``id`` samples with the seed ``seed + id``, so its response does not depend on how the run was batched or
     interrupted (up to float rounding); a run resumes only on the engine that began it. Records are appended per
     finished batch (flushed and fsynced); a rerun skips the ids already written and drops a half-written last line.
-    The record format is in the module docstring. Returns ``output_dir``.
+    Records that the response archives in ``archives`` (see :mod:`.response_archive`) hold for a run with the same
+    settings are rebuilt from them instead of sampled. The record format is in the module docstring. Returns
+    ``output_dir``.
     """
     records = load_prompts(prompts)
     engine = TransformersEngine(model, tokenizer) if isinstance(model, PreTrainedModel) else model
     sampling = Sampling(max_new_tokens, temperature, top_p, top_k)
     output = Path(output_dir)
     output.mkdir(parents=True, exist_ok=True)
-    _check_run_config(output, _run_config(records, engine, seed, sampling))
+    config = _run_config(records, engine, seed, sampling)
+    _check_run_config(output, config)
 
     done = read_done_ids(output)
     wanted = len(records) if limit is None else min(limit, len(records))
     pending = [index for index in range(wanted) if index not in done]
-    logger.info("%s: %d records already written, %d to generate", output, len(done), len(pending))
     shard = _next_shard(output)
+    archived = archived_responses(archives, config) if archives is not None else {}
+    restored = [i for i in pending if i in archived]
+    for start in range(0, len(restored), 1024):
+        ids = restored[start : start + 1024]
+        prompt_ids = [_prompt_ids(tokenizer, records[i]["messages"]) for i in ids]
+        batch = [_output_record(i, records[i], p, archived[i], tokenizer) for i, p in zip(ids, prompt_ids)]
+        _append_records(shard, batch)
+    pending = [i for i in pending if i not in archived]
+    logger.info("%s: %d records already written, %d restored from archives, %d to generate", output, len(done),
+                len(restored), len(pending))  # fmt: skip
 
     bar = tqdm(total=len(pending), unit="prompt", disable=not progress, mininterval=1 if sys.stderr.isatty() else 30)
     started, generated = time.monotonic(), 0
@@ -230,6 +244,7 @@ def run_regenerate(args: argparse.Namespace) -> None:
         "top_p": args.top_p,
         "top_k": args.top_k,
         "seed": args.seed,
+        "archives": args.archives,
     }
     if held_out:
         regenerate(held_out, args.output / "held_out", engine, tokenizer, **settings)
