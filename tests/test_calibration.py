@@ -191,7 +191,7 @@ def test_invalid_knobs_are_refused_before_any_forward(field, value):
 def test_greedy_output_is_the_same_whatever_the_drafters_linear_dtype():
     target = make_target("qwen3")
     prompt = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(3))
-    for dtype in (torch.bfloat16, torch.float32, torch.int8, "auto"):
+    for dtype in (torch.bfloat16, torch.float32, torch.int8, torch.qint8, "auto"):
         drafter = make_drafter(target)
         drafter.linear_dtype = dtype
         reference, assisted = greedy_pair(target, drafter, prompt, max_new_tokens=20)
@@ -206,10 +206,11 @@ def test_an_invalid_linear_dtype_is_refused():
         target.generate(torch.randint(0, 64, (1, 8)), max_new_tokens=4, assistant_model=drafter)
 
 
-@pytest.fixture(scope="module", params=[torch.bfloat16, torch.int8], ids=["bf16", "int8"])
+@pytest.fixture(scope="module", params=[torch.bfloat16, torch.int8, torch.qint8], ids=["bf16", "int8", "qint8"])
 def low_precision_sampling_setup(request):
     """The bigram target of the sampling tests, with a drafter whose linear layers run in bfloat16 (where the CPU
-    packs bf16; elsewhere they fall back to fp32) or from int8 weights, and a cost model from a calibration file."""
+    packs bf16; elsewhere they fall back to fp32), from int8 weights or in dynamic int8, and a cost model from a
+    calibration file."""
     target = make_bigram_target("llama", vocab_size=LAW_VOCAB, seed=3, temperature=0.05)
     drafter = make_oracle_drafter(target, strength=2.0, block_size=3, seed=5)
     drafter.linear_dtype = request.param
@@ -217,7 +218,7 @@ def low_precision_sampling_setup(request):
     return target, drafter, prompt, exact_law(target, prompt)
 
 
-def test_sampling_with_a_bf16_or_int8_drafter_and_calibrated_costs_matches_the_target_law(
+def test_sampling_with_a_low_precision_drafter_and_calibrated_costs_matches_the_target_law(
     low_precision_sampling_setup, cache_dir
 ):
     target, drafter, prompt, law = low_precision_sampling_setup

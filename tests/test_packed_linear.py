@@ -9,6 +9,7 @@ from torch import nn
 from transformers_longspark import packed_linear
 from transformers_longspark.packed_linear import (
     MAX_PACKED_ROWS,
+    fast_dtype,
     packed_copy,
     packed_linear_weights,
     release_packed_weights,
@@ -110,6 +111,23 @@ def test_int8_weights_give_the_stock_result_up_to_their_rounding(bias):
     # int8 weights and bf16 inputs: ~1% of the output's scale, not the stock result's 1e-5.
     error = (out - stock).abs().max() / stock.abs().max()
     assert 1e-5 < error < 2e-2
+    torch.testing.assert_close(out[..., 5], torch.zeros(2, 3) if not bias else module.bias[5].expand(2, 3))
+
+
+@pytest.mark.skipif(fast_dtype(torch.float32) != torch.qint8, reason="torch has no fbgemm dynamic int8 kernel here")
+@pytest.mark.parametrize("bias", [True, False])
+def test_dynamic_int8_gives_the_stock_result_up_to_its_rounding(bias):
+    module = layer(in_features=24, out_features=48, bias=bias)  # any width: fbgemm has no 16-wide restriction
+    module.weight.data[5] = 0.0
+    x = torch.randn(2, 3, 24)
+    stock = module(x).detach()
+    with torch.no_grad(), packed_linear_weights(module, dtype=torch.qint8):
+        out = module(x)
+    assert packed_copy(module.weight, torch.qint8) is not None
+    assert out.dtype == x.dtype and out.shape == stock.shape
+    # int8 weights and inputs quantized on the fly: ~1% of the output's scale, not the stock result's 1e-5.
+    error = (out - stock).abs().max() / stock.abs().max()
+    assert 1e-5 < error < 3e-2
     torch.testing.assert_close(out[..., 5], torch.zeros(2, 3) if not bias else module.bias[5].expand(2, 3))
 
 
@@ -280,5 +298,7 @@ def test_packed_weights_off_keeps_every_linear_of_target_and_drafter_on_f_linear
         drafter.packed_weights = packed
         target.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=10, do_sample=False,
                         assistant_model=drafter)  # fmt: skip
-        copies = [packed_copy(w) is not None or packed_copy(w, torch.bfloat16) is not None for w in weights]
+        copies = [
+            any(packed_copy(w, dtype) is not None for dtype in (None, torch.bfloat16, torch.qint8)) for w in weights
+        ]
         assert copies == [packed] * len(weights), packed
