@@ -10,7 +10,7 @@ from transformers import AttentionInterface
 from helpers import make_bigram_target, make_drafter, make_oracle_drafter, make_target
 from transformers_longspark.benchmarks import run_speed_benchmark
 from transformers_longspark.benchmarks.common import count_forward_calls
-from transformers_longspark.benchmarks.defaults import METHODS, PLAIN_METHODS
+from transformers_longspark.benchmarks.defaults import METHODS, PLAIN_METHODS, WHOLE_BLOCKS
 from transformers_longspark.benchmarks.report import format_markdown
 from transformers_longspark.benchmarks.speed import DEFAULT_METHODS, DRAFTER_METHODS, drafter_settings
 from transformers_longspark.benchmarks.speed_summary import (
@@ -38,6 +38,14 @@ DRAFTER_FIELDS = {
     "lookup_rounds",
     "acceptance_rates",
     "accepted_histogram",
+}
+# A/B variants of the speed report: the drafts of `longspark_whole_blocks` on the stock verification path, and the
+# lookup source off and on.
+VARIANTS = {
+    "whole_blocks": WHOLE_BLOCKS,
+    "stock_verify": {"fast_verification": False, **WHOLE_BLOCKS},
+    "no_lookup": {"lookup_min_match": 0},
+    "lookup": {"lookup_min_match": 2, "lookup_num_tokens": 6},
 }
 
 
@@ -90,7 +98,7 @@ def speed_report():
         "short": [[5, 9, 28], torch.tensor([7, 1, 3, 7, 1])],
         "long": [{"name": "long-0", "input_ids": torch.randint(0, 64, (40,)).tolist()}],
     }
-    return run_speed_benchmark(target, None, drafter, prompts, max_new_tokens=10, warmup=True)
+    return run_speed_benchmark(target, None, drafter, prompts, max_new_tokens=10, warmup=True, variants=VARIANTS)
 
 
 def test_speed_report_fields(speed_report):
@@ -99,13 +107,13 @@ def test_speed_report_fields(speed_report):
     assert set(speed_report["workloads"]) == {"short", "long"}
     modes = {(row["workload"], row["mode"], row["method"]) for row in speed_report["rows"]}
     for workload in ("short", "long"):
-        assert {(workload, "greedy", method) for method in METHODS} <= modes
+        assert {(workload, "greedy", method) for method in [*METHODS, *VARIANTS]} <= modes
         assert {(workload, "sampled", method) for method in DEFAULT_METHODS["sampled"]} <= modes
         assert (workload, "sampled", "full_prefix") not in modes  # the baseline runs greedily only
     for row in speed_report["rows"]:
         assert set(row) >= SUMMARY_FIELDS
         assert row["new_tokens"] > 0 and row["tau"] >= 1.0 and row["verify_ms_per_round"] > 0
-        if row["method"] in DRAFTER_METHODS:
+        if row["method"] in DRAFTER_METHODS or row["method"] in VARIANTS:
             assert set(row) >= DRAFTER_FIELDS
         if row["method"] == "plain":
             assert row["tau"] == 1.0 and row["speedup"] == 1.0
@@ -122,7 +130,7 @@ def test_speed_report_runs_per_prompt(speed_report):
             assert run["new_tokens"] == 10
             if method in PLAIN_METHODS:
                 assert run["target_forwards"] == 10
-            if method in DRAFTER_METHODS:
+            if method in DRAFTER_METHODS or method in VARIANTS:
                 assert run["target_forwards"] == run["rounds"] + 1  # prefill, then one forward per round
     # LongSpark on this bigram target drafts the target's own greedy tokens (for 2/3 of the previous tokens).
     longspark = greedy["methods"]["longspark"]
@@ -133,7 +141,7 @@ def test_verification_paths_change_nothing_but_the_time(speed_report):
     """Fast and stock verification of the same drafts (whole blocks): identical outputs and the same rounds."""
     for workload in ("short", "long"):
         greedy = speed_report["workloads"][workload]["greedy"]
-        pairs = (("longspark_whole_blocks", "longspark_stock_verify"), ("prompt_lookup_fast", "prompt_lookup"))
+        pairs = (("whole_blocks", "stock_verify"), ("prompt_lookup_fast", "prompt_lookup"))
         for fast, stock in pairs:
             assert greedy["methods"][fast]["greedy_identical"] and greedy["methods"][stock]["greedy_identical"]
             rounds = [[run["rounds"] for run in greedy["runs"][method]] for method in (fast, stock)]
@@ -144,7 +152,7 @@ def test_new_plain_paths_and_lookup_methods_are_lossless(speed_report):
     """plain_fast, plain_static and LongSpark with the lookup source off and on: greedy outputs identical to plain."""
     for workload in ("short", "long"):
         greedy = speed_report["workloads"][workload]["greedy"]["methods"]
-        for method in ("plain_fast", "plain_static", "longspark_no_lookup", "longspark_lookup"):
+        for method in ("plain_fast", "plain_static", "no_lookup", "lookup"):
             assert greedy[method]["greedy_identical"], (workload, method)
             assert greedy[method]["greedy_identical_prompts"] == greedy[method]["prompts"]
         for method in PLAIN_METHODS:
@@ -178,18 +186,18 @@ def test_speedup_vs_best_plain_is_over_the_fastest_plain_path_of_the_run():
     assert only_plain["longspark"]["best_plain"] == "plain" and only_plain["plain_fast"]["speedup"] is None
 
 
-def test_lookup_methods_turn_the_lookup_source_on_and_off_and_restore_the_drafter():
-    """On a bigram target greedy decoding cycles, so the lookup source finds its suffix again: longspark_lookup
-    proposes continuations (point-mass, lossless), longspark_no_lookup never; the drafter is left as it was."""
+def test_lookup_variants_turn_the_lookup_source_on_and_off_and_restore_the_drafter():
+    """On a bigram target greedy decoding cycles, so the lookup source finds its suffix again: the `lookup` variant
+    proposes continuations (point-mass, lossless), `no_lookup` never; the drafter is left as it was."""
     target = make_bigram_target("llama", vocab_size=64, seed=2)
     drafter = make_oracle_drafter(target, agree_on=lambda ids: ids % 3 != 0, window_size=8, block_size=4)
-    methods = ["longspark_no_lookup", "longspark_lookup"]
+    variants = {name: VARIANTS[name] for name in ("no_lookup", "lookup")}
     report = run_speed_benchmark(
-        target, None, drafter, [[5, 9, 28, 5, 9, 28]], 40, modes=["greedy"], methods=methods, lookup_min_match=2,
-        lookup_num_tokens=6, warmup=False
-    )
+        target, None, drafter, [[5, 9, 28, 5, 9, 28]], 40, modes=["greedy"], methods=list(variants),
+        variants=variants, warmup=False
+    )  # fmt: skip
     greedy = report["workloads"]["prompts"]["greedy"]
-    lookup, no_lookup = greedy["methods"]["longspark_lookup"], greedy["methods"]["longspark_no_lookup"]
+    lookup, no_lookup = greedy["methods"]["lookup"], greedy["methods"]["no_lookup"]
     assert lookup["greedy_identical"] and no_lookup["greedy_identical"]
     assert lookup["lookup_rounds"] > 0 and no_lookup["lookup_rounds"] == 0
     assert lookup["lookup_round_share"] == lookup["lookup_rounds"] / lookup["rounds"]
@@ -199,13 +207,28 @@ def test_lookup_methods_turn_the_lookup_source_on_and_off_and_restore_the_drafte
         assert all(1.0 >= a >= b >= 0.0 for a, b in pairwise([1.0, *rates]))
         assert sum(summary["accepted_histogram"]) == summary["rounds"]
         assert rates == DraftingStats(accepted_histogram=summary["accepted_histogram"]).acceptance_rates()
-    run = greedy["runs"]["longspark_lookup"][0]
+    run = greedy["runs"]["lookup"][0]
     assert run["lookup_rounds"] == lookup["lookup_rounds"] and run["acceptance_rates"] == lookup["acceptance_rates"]
-    assert report["settings"]["lookup_min_match"] == 2 and report["settings"]["lookup_num_tokens"] == 6
+    assert report["settings"]["variants"]["lookup"] == {"lookup_min_match": 2, "lookup_num_tokens": 6}
     assert "lookup_min_match" not in vars(drafter.generation_config)
     assert "lookup_num_tokens" not in vars(drafter.generation_config)
-    with pytest.raises(ValueError, match="lookup_min_match"):
-        run_speed_benchmark(target, None, drafter, [[5, 9]], max_new_tokens=2, lookup_min_match=0)
+
+
+@pytest.mark.parametrize(
+    "variants, message",
+    [
+        ({"bad": {"lookup_min_match": -1}}, "lookup_min_match"),
+        ({"bad": {"assistant_confidence_threshold": 7}}, "assistant_confidence_threshold"),
+        ({"bad": {"lookup_min_mtach": 2}}, "unknown settings \\['lookup_min_mtach'\\]"),
+        ({"longspark": {"lookup_min_match": 0}}, "is a method already"),
+    ],
+)
+def test_bad_variants_are_refused_before_any_forward(variants, message):
+    target = make_target("llama")
+    drafter = make_drafter(target)
+    with count_forward_calls(target) as calls, pytest.raises(ValueError, match=message):
+        run_speed_benchmark(target, None, drafter, [[5, 9]], max_new_tokens=2, variants=variants)
+    assert calls[0] == 0
 
 
 def test_drafter_settings_are_applied_inside_and_restored_after():
@@ -235,8 +258,7 @@ def test_plain_static_sizes_its_cache_for_each_call():
 
 
 @pytest.mark.parametrize(
-    "method",
-    ["longspark", "longspark_stock_verify", "prompt_lookup", "prompt_lookup_fast", "plain_fast", "plain_static"],
+    "method", ["longspark", "stock_verify", "prompt_lookup", "prompt_lookup_fast", "plain_fast", "plain_static"]
 )
 def test_each_method_verifies_on_its_own_path(method, monkeypatch):
     """The fast methods reach the grouped-head attention and reserved cache rows; the stock ones (and plain) never."""
@@ -256,7 +278,7 @@ def test_each_method_verifies_on_its_own_path(method, monkeypatch):
     target = make_bigram_target("llama", vocab_size=64, seed=2)
     drafter = make_oracle_drafter(target, window_size=8, block_size=4)
     report = run_speed_benchmark(target, None, drafter, [[5, 9, 28, 5, 9]], max_new_tokens=6, modes=["greedy"],
-                                 methods=[method], warmup=False)  # fmt: skip
+                                 methods=[method], variants=VARIANTS, warmup=False)  # fmt: skip
     fast = method in ("longspark", "prompt_lookup_fast", "plain_fast")
     assert (calls["attention"] > 0, calls["reserved"] > 0) == (fast, fast)
     assert drafter.fast_verification  # restored after the stock-verification runs
@@ -268,13 +290,15 @@ def test_speed_report_is_json_and_markdown_lists_every_method(speed_report, tmp_
     path.write_text(json.dumps(speed_report))
     assert json.loads(path.read_text())["rows"]
     table = format_markdown(speed_report)
-    for label in METHOD_LABELS.values():
+    for label in [*METHOD_LABELS.values(), *(f"LongSpark variant {name}" for name in VARIANTS)]:
         assert f"| {label} |" in table
+    assert f"Variant lookup: LongSpark with {json.dumps(VARIANTS['lookup'])}." in table
     main_table = table.split("\n\n")[0]
-    rows_per_workload = len(DEFAULT_METHODS["greedy"]) + len(DEFAULT_METHODS["sampled"])
+    rows_per_workload = len(DEFAULT_METHODS["greedy"]) + len(DEFAULT_METHODS["sampled"]) + 2 * len(VARIANTS)
     assert main_table.count("\n| short |") == rows_per_workload == main_table.count("\n| long |")
     assert "| vs best plain |" in main_table and "| decode vs best plain |" in main_table
     # The per-position acceptance table: one row per drafter method, workload and mode.
     acceptance = table.split("Per-position acceptance")[1]
     drafter_rows = sum(len([m for m in DEFAULT_METHODS[mode] if m in DRAFTER_METHODS]) for mode in DEFAULT_METHODS)
+    drafter_rows += 2 * len(VARIANTS)
     assert acceptance.count("\n| short |") == drafter_rows == acceptance.count("\n| long |")

@@ -11,6 +11,7 @@ from helpers import context_target, make_drafter, make_oracle_drafter, make_targ
 from transformers_longspark import benchmarks
 from transformers_longspark.benchmarks import memory, run_batched_benchmark
 from transformers_longspark.benchmarks.batched import format_batched
+from transformers_longspark.benchmarks.cli import parse_variants
 from transformers_longspark.benchmarks.report import format_memory
 from transformers_longspark.inference.planning import RoundCosts
 from transformers_longspark.inference.stats import tau
@@ -30,8 +31,19 @@ def test_cli_subcommands_parse():
     assert args.bench_command == "memory" and args.max_new_tokens == 16 and args.num_threads == 1
     args = parser.parse_args(["bench", "speed", "--modes", "greedy", "--methods", "plain", "longspark"])
     assert args.bench_command == "speed" and args.methods == ["plain", "longspark"]
-    args = parser.parse_args(["bench", "--methods", "longspark", "longspark_stock_verify", "prompt_lookup_fast"])
-    assert args.methods == ["longspark", "longspark_stock_verify", "prompt_lookup_fast"]
+    args = parser.parse_args(["bench", "--methods", "longspark", "prompt_lookup_fast", "whole", "--variant", "whole",
+                              "assistant_confidence_threshold=0", "block_confidence_threshold=0", "--variant", "fp32",
+                              "linear_dtype=float32"])  # fmt: skip
+    assert args.methods == ["longspark", "prompt_lookup_fast", "whole"]
+    assert parse_variants(args.variant) == {
+        "whole": {"assistant_confidence_threshold": 0, "block_confidence_threshold": 0},
+        "fp32": {"linear_dtype": "float32"},
+    }
+    for bad in (["whole"], ["whole", "0.3"], ["a=1", "b=2"]):
+        with pytest.raises(ValueError, match="give a new name, then one or more KEY=VALUE"):
+            parse_variants([bad])
+    with pytest.raises(ValueError, match="give a new name"):
+        parse_variants([["twice", "use_drafter=false"], ["twice", "lookup_min_match=0"]])
 
 
 def test_memory_benchmark_report(tmp_path, monkeypatch):

@@ -159,23 +159,29 @@ def _add_speed_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--methods",
         nargs="+",
-        choices=list(METHODS),
         metavar="METHOD",
-        help=f"methods for every mode, of: {', '.join(METHODS)}. plain is always added (default: all in greedy "
-        "mode, all but full_prefix in sampled mode). plain_fast is plain generate on the fast verification "
-        "path (reserved cache rows, grouped-head attention), plain_static with transformers' static cache: "
-        "speedups are also reported over the fastest plain path measured. longspark and full_prefix verify on"
-        " the fast path with the drafter's own generation config; longspark_no_lookup forces its lookup "
-        "source off, longspark_lookup on (--lookup-min-match, --lookup-num-tokens); attribution: "
-        "longspark_drafter_only (the drafter alone, every round drafts), longspark_lookup_only (the drafter "
-        "priced out), longspark_no_proposals (every round a plain step); longspark_every_round turns the cost"
-        " model off; longspark_whole_blocks drafts whole blocks (threshold 0); longspark_stock_verify drafts "
-        "whole blocks on transformers' stock path; prompt_lookup_fast is prompt lookup on the fast path",
+        help=f"methods for every mode, of: {', '.join(METHODS)}, and the --variant names. plain is always added "
+        "(default: all in greedy mode, all but full_prefix in sampled mode, and every variant). plain_fast is plain "
+        "generate on the fast verification path (reserved cache rows, grouped-head attention), plain_static with "
+        "transformers' static cache: speedups are also reported over the fastest plain path measured. longspark and "
+        "full_prefix verify on the fast path with the drafter's own generation config; attribution: "
+        "longspark_drafter_only (the drafter alone, every round drafts), longspark_lookup_only (the drafter priced "
+        "out), longspark_no_proposals (every round a plain step); prompt_lookup_fast is prompt lookup on the fast path",
+    )
+    parser.add_argument(
+        "--variant",
+        nargs="+",
+        action="append",
+        default=[],
+        metavar="NAME KEY=VALUE",
+        help="one more method: LongSpark with these settings changed, for an A/B in one run (repeatable), e.g. "
+        "--variant whole_blocks assistant_confidence_threshold=0 block_confidence_threshold=0 --variant "
+        "fp32_drafter linear_dtype=float32. KEY is a field of the drafter's generation config, or "
+        "fast_verification, packed_weights or linear_dtype; VALUE is JSON (true, 0.3) or a string",
     )
     parser.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per generate call")
     parser.add_argument("--temperature", type=float, default=1.0, help="temperature of the sampled mode")
     parser.add_argument("--prompt-lookup-num-tokens", type=int, default=7, help="tokens prompt lookup proposes")
-    _add_lookup_arguments(parser, "longspark_lookup")
     parser.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     parser.add_argument(
         "--no-warmup", dest="warmup", action="store_false", help="skip the untimed warm-up run of every method"
@@ -255,8 +261,8 @@ def add_bench_arguments(subparsers_or_parser) -> argparse.ArgumentParser:
     cost.add_argument(
         "--allow-extrapolation", action="store_true", help="also time prefixes beyond max_position_embeddings"
     )
-    # Not `--lookup`: `longspark bench` itself has `--lookup-min-match` and `--lookup-num-tokens` (for the speed
-    # comparison), and argparse would reject `--lookup` there as an ambiguous abbreviation of both.
+    # Not `--lookup`: argparse would reject it as an ambiguous abbreviation of `--lookup-min-match` and
+    # `--lookup-num-tokens`.
     cost.add_argument(
         "--with-lookup",
         action="store_true",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -88,8 +89,6 @@ SPEED_OPTIONS = (
     "methods",
     "temperature",
     "prompt_lookup_num_tokens",
-    "lookup_min_match",
-    "lookup_num_tokens",
     "ignore_eos",
     "warmup",
     "seed",
@@ -242,6 +241,9 @@ def _run_tau(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run_speed(args: argparse.Namespace) -> dict[str, Any]:
+    variants = parse_variants(args.variant)
+    if variants and args.batch_sizes:
+        raise ValueError("--variant runs in the batch-1 speed benchmark only; drop it or --batch-sizes.")
     target, tokenizer = _load_target(args)
     drafter, drafter_info = _load_drafter(args, target)
     if tokenizer is None:
@@ -258,11 +260,32 @@ def _run_speed(args: argparse.Namespace) -> dict[str, Any]:
         prompts,
         args.max_new_tokens,
         **options,
+        variants=variants,
         drafter_info=drafter_info,
         progress=not args.quiet,
     )
     _write_outputs(args, result, format_markdown(result))
     return result
+
+
+def parse_variants(specs: Sequence[Sequence[str]]) -> dict[str, dict[str, Any]]:
+    """`--variant NAME KEY=VALUE ...` (repeated) -> `{NAME: {KEY: VALUE}}`; VALUE is read as JSON, else kept as text."""
+    variants: dict[str, dict[str, Any]] = {}
+    for name, *pairs in specs:
+        if name in variants or "=" in name or not pairs or any("=" not in pair for pair in pairs):
+            raise ValueError(
+                f"--variant {' '.join([name, *pairs])}: give a new name, then one or more KEY=VALUE settings, e.g. "
+                "--variant whole_blocks assistant_confidence_threshold=0 block_confidence_threshold=0."
+            )
+        variants[name] = {key: _setting_value(value) for key, value in (pair.split("=", 1) for pair in pairs)}
+    return variants
+
+
+def _setting_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
 
 
 def _run_batched(args, target, tokenizer, drafter, drafter_info, prompts) -> dict[str, Any]:

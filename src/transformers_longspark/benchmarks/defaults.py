@@ -16,14 +16,9 @@ METHODS = (
     "prompt_lookup",
     "prompt_lookup_fast",
     "longspark",
-    "longspark_no_lookup",
-    "longspark_lookup",
-    "longspark_every_round",
     "longspark_drafter_only",
     "longspark_lookup_only",
     "longspark_no_proposals",
-    "longspark_whole_blocks",
-    "longspark_stock_verify",
     "full_prefix",
 )
 # Generation-config settings of the attribution methods: the cost model off (every round proposes), and the drafter
@@ -31,23 +26,17 @@ METHODS = (
 COSTS_OFF = {"calibrate_costs": False, "draft_round_cost": 0.0, "verify_round_cost": 0.0, "verify_token_cost": 0.0}
 DRAFTER_ALONE = {"lookup_min_match": 0, **COSTS_OFF}
 WHOLE_BLOCKS = {"assistant_confidence_threshold": 0.0, "block_confidence_threshold": 0.0}
-# Drafter methods and what each changes on the drafter for its runs: the verification path, whole blocks (both
-# confidence thresholds 0) instead of the drafter's own thresholds, and the lookup source ("stock verification" is
-# the path before the first two changes). `longspark_lookup`'s settings are the run's (`drafter_method_settings`).
+# Drafter methods and what each changes on the drafter for its runs (`speed.drafter_settings`): the shipped
+# configuration, and its attribution: each source alone, and neither (every round a plain step on the fast path: the
+# path's own cost). Any other setting is an A/B variant of the run (`--variant NAME KEY=VALUE ...`).
 DRAFTER_METHODS: dict[str, dict[str, Any]] = {
     "longspark": {},
-    "longspark_no_lookup": {"lookup_min_match": 0},
-    "longspark_lookup": {},
-    "longspark_every_round": COSTS_OFF,
-    # Attribution: each source alone, and neither (every round a plain step on the fast path: the path's own cost).
     "longspark_drafter_only": DRAFTER_ALONE,
     "longspark_lookup_only": {"use_drafter": False},
     "longspark_no_proposals": {"lookup_min_match": 0, "use_drafter": False},
-    "longspark_whole_blocks": WHOLE_BLOCKS,
-    "longspark_stock_verify": {"fast_verification": False, **WHOLE_BLOCKS},
     "full_prefix": {},
 }
-# `longspark_lookup`: the drafter with the lookup source on (`DraftSettings.from_drafter`).
+# drafting_cost.py --with-lookup: the lookup source's settings.
 DEFAULT_LOOKUP_MIN_MATCH = 2
 DEFAULT_LOOKUP_NUM_TOKENS = 10
 

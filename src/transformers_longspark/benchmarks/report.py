@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -89,9 +90,12 @@ def format_markdown(report: Mapping[str, Any]) -> str:
         f"Machine: {machine.get('cpu')} ({machine.get('cpu_cores')} cores, {machine.get('torch_threads')} torch "
         f"threads), torch {machine.get('torch')}, transformers {machine.get('transformers')}, {machine.get('device')}.",
         f"Settings: max_new_tokens={settings.get('max_new_tokens')}, sampled at T={settings.get('temperature')} "
-        f"(no top-k/top-p), prompt_lookup_num_tokens={settings.get('prompt_lookup_num_tokens')}, LongSpark + lookup: "
-        f"lookup_min_match={settings.get('lookup_min_match')}, lookup_num_tokens={settings.get('lookup_num_tokens')}, "
+        f"(no top-k/top-p), prompt_lookup_num_tokens={settings.get('prompt_lookup_num_tokens')}, "
         f"ignore_eos={settings.get('ignore_eos')}.",
+        *(
+            f"Variant {name}: LongSpark with {json.dumps(changed)}."
+            for name, changed in settings.get("variants", {}).items()
+        ),
         "tau = (new tokens - 1) / verification rounds; speedup is over plain generate in the same mode, end to end "
         "(tok/s, prompt processing included) and for decoding alone (decode tok/s: the tokens after the first over "
         'the time after the prefill); "vs best plain" is over the fastest plain path measured in the same run '

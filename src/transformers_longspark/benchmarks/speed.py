@@ -1,4 +1,4 @@
-"""Decoding speed side by side: the plain paths, prompt lookup, LongSpark (with and without its lookup source) and the
+"""Decoding speed side by side: the plain paths, prompt lookup, LongSpark (and what each of its sources adds) and the
 full-prefix drafter.
 
 Definitions. A *round* is one target verification forward after the prefill. `tau = (new tokens - 1) / rounds`
@@ -13,22 +13,24 @@ and over the fastest plain path of the same run (`speedup_vs_best_plain`): `plai
 inside `fast_verification` with a `DynamicCache` reserved for the prompt and the new tokens) and `plain_static`
 (transformers' static cache, `cache_implementation="static"`).
 
-Before and after. `longspark` runs as users get it: the fast verification path and the drafter's own generation
-config (confidence thresholds, lookup source). `longspark_no_lookup` forces the lookup source off and
-`longspark_lookup` on (`lookup_min_match` / `lookup_num_tokens`). Attribution: `longspark_drafter_only` is the drafter
-alone (lookup off, costs 0: every round drafts), `longspark_lookup_only` the lookup source alone (the drafter priced
-out), `longspark_no_proposals` neither (every round a plain step: what the fast path costs by itself).
-`longspark_every_round` turns the cost model of the source choice off (`inference/planning.py`: every round
-proposes). `longspark_whole_blocks` drafts whole blocks (thresholds 0), `longspark_stock_verify` whole blocks on
-transformers' stock path (`sdpa` attention, concatenating cache), and `prompt_lookup_fast` stock prompt lookup inside
-`fast_verification`: each method before and after the fast path, in one run. Older A/B settings are in git history.
+Attribution. `longspark` runs as users get it: the fast verification path and the drafter's own generation config
+(confidence thresholds, lookup source, cost model). `longspark_drafter_only` is the drafter alone (lookup off, costs 0:
+every round drafts), `longspark_lookup_only` the lookup source alone (the drafter priced out), `longspark_no_proposals`
+neither (every round a plain step: what the fast path costs by itself), and `prompt_lookup_fast` stock prompt lookup
+inside `fast_verification`.
+
+Before and after. A *variant* is LongSpark with some settings changed, run as one more method of the same run
+(`variants={"whole_blocks": {"assistant_confidence_threshold": 0, "block_confidence_threshold": 0}}`, or on the
+command line `--variant whole_blocks assistant_confidence_threshold=0 block_confidence_threshold=0`): any field of
+the drafter's generation config (`inference/knobs.py`), and its switches `fast_verification`, `packed_weights` and
+`linear_dtype` (`drafter_settings`).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
@@ -41,14 +43,7 @@ from ..inference.verification import fast_verification
 from ..modeling_longspark import LongSparkDrafterModel
 from ..packed_linear import drafter_linear_dtype
 from .common import generation_config_fields, machine_info, time_forward_calls, timed_call
-from .defaults import (
-    DEFAULT_LOOKUP_MIN_MATCH,
-    DEFAULT_LOOKUP_NUM_TOKENS,
-    DRAFTER_METHODS,
-    METHODS,
-    MODES,
-    PLAIN_METHODS,
-)
+from .defaults import DRAFTER_METHODS, METHODS, MODES, PLAIN_METHODS
 from .models import make_full_prefix_drafter
 from .prompts import chat_prompt_ids
 from .speed_summary import METHOD_LABELS, add_round_costs, add_speedups, new_tokens_from_round_log, summarize_runs
@@ -66,28 +61,22 @@ Prompt = Mapping[str, Any]
 """A benchmark prompt: `{"name": str, "input_ids": list[int], ...metadata}`."""
 
 
-def drafter_method_settings(
-    lookup_min_match: int = DEFAULT_LOOKUP_MIN_MATCH, lookup_num_tokens: int = DEFAULT_LOOKUP_NUM_TOKENS
-) -> dict[str, dict[str, Any]]:
-    """`DRAFTER_METHODS`, with `longspark_lookup`'s lookup source: a continuation of `lookup_num_tokens` tokens where
-    the request's last `lookup_min_match` (or more) tokens occurred before (`DraftSettings.from_drafter`)."""
-    if lookup_min_match < 1 or lookup_num_tokens < 1:
-        raise ValueError(
-            "longspark_lookup needs lookup_min_match >= 1 and lookup_num_tokens >= 1 (0 turns lookup off), got "
-            f"{lookup_min_match} and {lookup_num_tokens}."
-        )
-    lookup = {"lookup_min_match": lookup_min_match, "lookup_num_tokens": lookup_num_tokens}
-    return {**DRAFTER_METHODS, "longspark_lookup": lookup}
+# The drafter attributes a method may set (`drafter_settings`), with what they are outside one.
+DRAFTER_SWITCHES = {"fast_verification": True, "packed_weights": True, "linear_dtype": "auto"}
 
 
 @contextlib.contextmanager
 def drafter_settings(drafter: LongSparkDrafterModel, settings: Mapping[str, Any]) -> Iterator[None]:
     """Applies `settings` to `drafter` inside the block, then restores them: its `fast_verification` and
-    `packed_weights` (default True), and any other key as a field of its `generation_config`."""
-    switches = ("fast_verification", "packed_weights")
+    `packed_weights` (default True), its `linear_dtype` if given (a torch dtype, its name, or "auto"), and any other
+    key as a field of its `generation_config`."""
+    switches = {**DRAFTER_SWITCHES, "linear_dtype": drafter.linear_dtype}
     previous = {name: getattr(drafter, name) for name in switches}
-    for name in switches:
-        setattr(drafter, name, settings.get(name, True))
+    for name, default in switches.items():
+        value = settings.get(name, default)
+        if name == "linear_dtype" and isinstance(value, str) and value != "auto":
+            value = getattr(torch, value, value)  # "qint8" -> torch.qint8; a wrong name is refused by generate
+        setattr(drafter, name, value)
     fields = {name: value for name, value in settings.items() if name not in switches}
     try:
         with generation_config_fields(drafter, fields):
@@ -95,6 +84,21 @@ def drafter_settings(drafter: LongSparkDrafterModel, settings: Mapping[str, Any]
     finally:
         for name, value in previous.items():
             setattr(drafter, name, value)
+
+
+def check_variant(name: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """`settings` of the variant `name`, checked before any forward: a new name, known keys, valid knob values."""
+    if name in METHODS:
+        raise ValueError(f"Variant name {name!r} is a method already; name the variant for what it changes.")
+    knobs = {field.name for field in fields(DraftingKnobs)}
+    unknown = sorted(set(settings) - knobs - set(DRAFTER_SWITCHES))
+    if unknown:
+        raise ValueError(
+            f"Variant {name!r}: unknown settings {unknown}; use fields of the drafter's generation config "
+            f"({', '.join(sorted(knobs))}) or {', '.join(DRAFTER_SWITCHES)}."
+        )
+    DraftingKnobs(**{key: value for key, value in settings.items() if key in knobs})  # raises naming a bad value
+    return dict(settings)
 
 
 def _as_prompt(prompt: Any, tokenizer, index: int) -> dict[str, Any]:
@@ -147,7 +151,7 @@ class _Runner:
             if self.static_cache_len is not None:
                 kwargs["max_cache_len"] = self.static_cache_len
         elif method not in PLAIN_METHODS:
-            raise ValueError(f"Unknown method {method!r}; choose from {', '.join(METHODS)}.")
+            raise ValueError(f"Unknown method {method!r}; choose from {', '.join([*METHODS, *self.drafters])}.")
         return kwargs
 
     @contextlib.contextmanager
@@ -201,20 +205,23 @@ class _Runner:
         return run
 
 
-def _methods_per_mode(modes: Sequence[str], methods: Mapping[str, Sequence[str]] | Sequence[str] | None):
+def _methods_per_mode(
+    modes: Sequence[str], methods: Mapping[str, Sequence[str]] | Sequence[str] | None, variants: Sequence[str]
+) -> dict[str, list[str]]:
+    """The methods of each mode: the defaults (and every variant), or the given ones, with `plain` first."""
     for mode in modes:
         if mode not in MODES:
             raise ValueError(f"Unknown mode {mode!r}; choose from {', '.join(MODES)}.")
     if methods is None:
-        per_mode = {mode: list(DEFAULT_METHODS[mode]) for mode in modes}
+        per_mode = {mode: [*DEFAULT_METHODS[mode], *variants] for mode in modes}
     elif isinstance(methods, Mapping):
         per_mode = {mode: list(methods.get(mode, ())) for mode in modes}
     else:
         per_mode = {mode: list(methods) for mode in modes}
     for mode in modes:
-        unknown = [m for m in per_mode[mode] if m not in METHODS]
+        unknown = [m for m in per_mode[mode] if m not in METHODS and m not in variants]
         if unknown:
-            raise ValueError(f"Unknown methods {unknown}; choose from {', '.join(METHODS)}.")
+            raise ValueError(f"Unknown methods {unknown}; choose from {', '.join([*METHODS, *variants])}.")
         if "plain" not in per_mode[mode]:
             per_mode[mode].insert(0, "plain")  # the reference of speedups and of greedy losslessness
     return per_mode
@@ -252,8 +259,7 @@ def run_speed_benchmark(
     methods: Mapping[str, Sequence[str]] | Sequence[str] | None = None,
     temperature: float = 1.0,
     prompt_lookup_num_tokens: int = 7,
-    lookup_min_match: int = DEFAULT_LOOKUP_MIN_MATCH,
-    lookup_num_tokens: int = DEFAULT_LOOKUP_NUM_TOKENS,
+    variants: Mapping[str, Mapping[str, Any]] | None = None,
     ignore_eos: bool = False,
     warmup: bool = True,
     seed: int = 0,
@@ -268,9 +274,11 @@ def run_speed_benchmark(
             `input_ids` (and optional `name`/metadata) or `messages` (chat-templated with `tokenizer`), a
             string, a 1-D tensor or a list of token ids.
         modes: `"greedy"` and/or `"sampled"` (temperature `temperature`, no top-k/top-p).
-        methods: per mode (`{"greedy": [...], "sampled": [...]}`) or for every mode, from `METHODS`; default
-            `DEFAULT_METHODS` (every method, the full-prefix baseline greedy only). `"plain"` is always added.
-        lookup_min_match / lookup_num_tokens: `longspark_lookup`'s lookup source (`DraftSettings.from_drafter`).
+        methods: per mode (`{"greedy": [...], "sampled": [...]}`) or for every mode, from `METHODS` and the
+            variants; default `DEFAULT_METHODS` (every method, the full-prefix baseline greedy only) and every
+            variant. `"plain"` is always added.
+        variants: `{name: settings}`: LongSpark with these settings changed (`drafter_settings`), each one more
+            method of the run.
         ignore_eos: force exactly `max_new_tokens` tokens (`min_new_tokens`) for equal-length runs.
         warmup: run every (mode, method) once, untimed, on the first prompt before measuring.
         seed: sampled runs of prompt `i` start from the RNG seed `seed + i` for every method.
@@ -292,9 +300,10 @@ def run_speed_benchmark(
     }
     if not workloads:
         raise ValueError("No prompts to benchmark.")
-    per_mode = _methods_per_mode(modes, methods)
+    variants = {name: check_variant(name, settings) for name, settings in (variants or {}).items()}
+    per_mode = _methods_per_mode(modes, methods, list(variants))
     device = next(target.parameters()).device
-    drafters = {name: drafter for name in DRAFTER_METHODS if name != "full_prefix"}
+    drafters = {name: drafter for name in [*DRAFTER_METHODS, *variants] if name != "full_prefix"}
     if any("full_prefix" in names for names in per_mode.values()):
         drafters["full_prefix"] = full_prefix_drafter or make_full_prefix_drafter(drafter)
     pad_token_id = target.generation_config.pad_token_id
@@ -306,7 +315,7 @@ def run_speed_benchmark(
         target=target,
         device=device,
         drafters=drafters,
-        drafter_settings=drafter_method_settings(lookup_min_match, lookup_num_tokens),
+        drafter_settings={**DRAFTER_METHODS, **variants},
         pad_token_id=pad_token_id,
         temperature=temperature,
         prompt_lookup_num_tokens=prompt_lookup_num_tokens,
@@ -355,8 +364,7 @@ def run_speed_benchmark(
             "methods": per_mode,
             "temperature": temperature,
             "prompt_lookup_num_tokens": prompt_lookup_num_tokens,
-            "lookup_min_match": lookup_min_match,
-            "lookup_num_tokens": lookup_num_tokens,
+            "variants": {name: _json_settings(settings) for name, settings in variants.items()},
             "static_cache_len": runner.static_cache_len or "per call",
             "ignore_eos": ignore_eos,
             "warmup": warmup,
@@ -374,6 +382,10 @@ def run_speed_benchmark(
     }
 
 
+def _json_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    return {name: str(value) if isinstance(value, torch.dtype) else value for name, value in settings.items()}
+
+
 def _planned_costs(target: PreTrainedModel, drafter: LongSparkDrafterModel) -> dict[str, Any]:
     """The cost model the drafter's own settings planned with in this run: its calibration, or its fields."""
     calibrated = costs_for_generate(target, drafter)
@@ -389,7 +401,6 @@ __all__ = [
     "MODES",
     "PLAIN_METHODS",
     "add_speedups",
-    "drafter_method_settings",
     "drafter_settings",
     "new_tokens_from_round_log",
     "run_speed_benchmark",

@@ -16,14 +16,9 @@ METHOD_LABELS = {
     "prompt_lookup": "prompt lookup",
     "prompt_lookup_fast": "prompt lookup (fast verification)",
     "longspark": "LongSpark",
-    "longspark_no_lookup": "LongSpark (lookup off)",
-    "longspark_lookup": "LongSpark + lookup",
-    "longspark_every_round": "LongSpark (every round proposes)",
     "longspark_drafter_only": "LongSpark drafter alone (no lookup, every round drafts)",
     "longspark_lookup_only": "LongSpark lookup alone (drafter priced out)",
     "longspark_no_proposals": "LongSpark, no proposals (every round a plain step)",
-    "longspark_whole_blocks": "LongSpark (whole blocks)",
-    "longspark_stock_verify": "LongSpark (stock verification, whole blocks)",
     "full_prefix": "full-prefix drafter",
 }
 
@@ -104,7 +99,7 @@ def summarize_runs(runs: Sequence[Mapping[str, Any]], method: str) -> dict[str, 
     forwards = sum(run["target_forwards"] for run in runs)
     summary: dict[str, Any] = {
         "method": method,
-        "label": METHOD_LABELS.get(method, method),
+        "label": METHOD_LABELS.get(method, f"LongSpark variant {method}"),
         "prompts": len(runs),
         "new_tokens": tokens,
         "seconds": seconds,

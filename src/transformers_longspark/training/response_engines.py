@@ -176,6 +176,8 @@ class VLLMEngine:
         # vLLM's CPU backend keeps one core for its front end unless told otherwise; an offline batch run has no
         # server to serve, and on a small machine that core is much of the compute (2 cores: 1.9x the tokens/s).
         os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        # A step of a large batch on a small, shared CPU can outlast vLLM's 300 s limit, which kills the engine.
+        os.environ.setdefault("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "3600")
         self.llm = LLM(
             self.target,
             dtype=dtype,
