@@ -10,6 +10,7 @@ from transformers_longspark import packed_linear
 from transformers_longspark.packed_linear import (
     MAX_PACKED_ROWS,
     fast_dtype,
+    fused_linears,
     packed_copy,
     packed_linear_weights,
     release_packed_weights,
@@ -25,6 +26,14 @@ def layer(in_features: int = 24, out_features: int = 40, bias: bool = True, seed
 
 def was_packed(module: nn.Linear) -> bool:
     return packed_copy(module.weight) is not None
+
+
+def packed_weight_ids(dtype: torch.dtype | None = None) -> set[int]:
+    """Ids of the weights with a packed copy (alone or stacked with others: `fused_linears`), in `dtype` or any."""
+    entries = packed_linear._packed.items()
+    return {
+        i for (ids, key_dtype), (_, _, copy) in entries if copy is not None and dtype in (None, key_dtype) for i in ids
+    }
 
 
 @pytest.mark.parametrize("shape", [(1, 24), (3, 24), (2, 5, 24), (1, MAX_PACKED_ROWS, 24)])
@@ -153,6 +162,33 @@ def test_a_changed_weight_is_packed_again():
     torch.testing.assert_close(after_replaced, torch.nn.functional.linear(x, module.weight, module.bias))
 
 
+@pytest.mark.parametrize("dtype", [None, torch.qint8])
+@pytest.mark.parametrize("bias", [True, False])
+def test_fused_linears_equal_the_layers_run_one_by_one(dtype, bias):
+    """Layers that read one input run as one product over their stacked weights inside a block (one packed copy for
+    the group, repacked when any weight changes); outside one, each layer runs its own forward."""
+    if dtype == torch.qint8 and fast_dtype(torch.float32) != torch.qint8:
+        pytest.skip("torch has no fbgemm dynamic int8 kernel here")
+    layers = (layer(bias=bias, seed=1), layer(out_features=8, bias=bias, seed=2), layer(out_features=16, bias=bias))
+    x = torch.randn(2, 3, 24)
+    outside = fused_linears(x, layers)
+    for out, single in zip(outside, layers):
+        assert torch.equal(out, single(x))
+    with torch.no_grad(), packed_linear_weights(*layers, dtype=dtype):
+        one_by_one = [single(x) for single in layers]
+        fused = fused_linears(x, layers)
+        weights = tuple(single.weight for single in layers)
+        assert packed_linear._entry(weights, dtype or torch.float32) is not None
+        layers[1].weight.mul_(2.0)
+        changed = fused_linears(x, layers)
+        assert torch.allclose(changed[1], 2 * one_by_one[1] - (layers[1].bias if bias else 0), atol=3e-2)
+    for out, single in zip(fused, one_by_one):
+        assert out.shape == single.shape
+        torch.testing.assert_close(out, single, rtol=1e-5, atol=1e-5 if dtype is None else 1e-6)
+    release_packed_weights(layers[0])
+    assert packed_linear._entry(weights, dtype or torch.float32) is None
+
+
 def test_release_frees_the_packed_copies():
     module = layer()
     with torch.no_grad(), packed_linear_weights(module):
@@ -216,33 +252,32 @@ def test_fast_verification_without_packed_weights_keeps_f_linear():
         assert "forward" in model[0].__dict__
 
 
-def test_generate_runs_the_drafters_linear_layers_from_packed_weights_too():
-    """Inside assisted `generate` the drafter's few-row forwards (7 block slots) read packed weights, as the target's
-    verification does; afterwards both models' layers are restored. Greedy output is plain generate's."""
+def test_generate_runs_the_drafters_linear_layers_from_packed_weights_too(monkeypatch):
+    """Inside assisted `generate` the drafter's few-row forwards (7 block slots) read packed weights, alone or
+    stacked with the layers that read the same input (`fused_linears`), as the target's verification does;
+    afterwards both models' layers are restored. Greedy output is plain generate's."""
     from helpers import make_drafter, make_target
 
     target = make_target("qwen3")
     drafter = make_drafter(target)
-    routed = []
-    original = packed_linear._routed_forward
+    served = []
+    original = packed_linear._packed_product
 
-    def spy(layer, input):
-        routed.append(layer)
-        return original(layer, input)
+    def spy(input, weights, bias, compute):
+        out = original(input, weights, bias, compute)
+        if out is not None:
+            served.extend(map(id, weights))
+        return out
 
-    drafter_layers = {id(m) for m in drafter.modules() if type(m) is nn.Linear}
+    drafter_weights = {id(m.weight) for m in drafter.modules() if type(m) is nn.Linear}
     prompt = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(0))
     plain = target.generate(prompt, max_new_tokens=12, do_sample=False)
-    packed_linear._routed_forward = spy
-    try:
-        assisted = target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=drafter)
-    finally:
-        packed_linear._routed_forward = original
+    monkeypatch.setattr(packed_linear, "_packed_product", spy)
+    assisted = target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=drafter)
     assert torch.equal(assisted, plain)
-    assert drafter_layers <= {id(layer) for layer in routed}  # every drafter linear layer ran packed
-    dtype = packed_linear.drafter_linear_dtype(drafter)  # bfloat16 on CPUs with native bf16 kernels
-    assert all(packed_copy(m.weight, dtype) is not None for m in drafter.modules() if type(m) is nn.Linear)
-    assert packed_copy(drafter.output_head.weight, dtype) is not None
+    assert drafter_weights <= set(served)  # every drafter linear layer ran packed
+    dtype = packed_linear.drafter_linear_dtype(drafter)  # the CPU's fastest: dynamic int8, bf16 or fp32
+    assert drafter_weights | {id(drafter.output_head.weight)} <= packed_weight_ids(dtype)
     assert not any("forward" in m.__dict__ for model in (target, drafter) for m in model.modules())
 
 
@@ -298,7 +333,5 @@ def test_packed_weights_off_keeps_every_linear_of_target_and_drafter_on_f_linear
         drafter.packed_weights = packed
         target.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=10, do_sample=False,
                         assistant_model=drafter)  # fmt: skip
-        copies = [
-            any(packed_copy(w, dtype) is not None for dtype in (None, torch.bfloat16, torch.qint8)) for w in weights
-        ]
+        copies = [id(w) in packed_weight_ids() for w in weights]
         assert copies == [packed] * len(weights), packed

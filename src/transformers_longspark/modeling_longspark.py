@@ -27,6 +27,7 @@ from transformers.utils import ModelOutput
 
 from .configuration_longspark import LongSparkConfig
 from .context_state import DraftContext
+from .packed_linear import fused_linears
 from .targets import TargetModules, target_modules
 
 # Default `assistant_confidence_threshold` of new drafters (0 always proposes whole blocks). On the shipped SmolLM2
@@ -96,15 +97,25 @@ class LongSparkAttention(nn.Module):
             key_mask: `(N, 1, 1, B + context)` bool, False for padded window rows; `None` when nothing is padded.
         """
         n, b, _ = hidden_states.shape
-        q = self.q_norm(self.q_proj(hidden_states).view(n, b, self.num_heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(hidden_states).view(n, b, self.num_kv_heads, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(hidden_states).view(n, b, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = fused_linears(hidden_states, (self.q_proj, self.k_proj, self.v_proj))
+        q = self.q_norm(q.view(n, b, self.num_heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(k.view(n, b, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = v.view(n, b, self.num_kv_heads, self.head_dim).transpose(1, 2)
         cos, sin = position_embeddings
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         keys = torch.cat([k, *(t.to(k.dtype) for t in context_keys)], dim=2)
         values = torch.cat([v, *(t.to(v.dtype) for t in context_values)], dim=2)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=key_mask, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(n, b, -1))
+
+
+class LongSparkMLP(Qwen3MLP):
+    """Qwen3's gated MLP, `down(act(gate(x)) * up(x))`, whose gate and up projections run as one product on the fast
+    path (`fused_linears`)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = fused_linears(x, (self.gate_proj, self.up_proj))
+        return self.down_proj(self.act_fn(gate) * up)
 
 
 class LongSparkDecoderLayer(nn.Module):
@@ -115,7 +126,7 @@ class LongSparkDecoderLayer(nn.Module):
         self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.self_attn = LongSparkAttention(config)
         self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.mlp = Qwen3MLP(config)
+        self.mlp = LongSparkMLP(config)
 
     def forward(self, hidden_states, position_embeddings, context_keys, context_values, key_mask) -> torch.Tensor:
         attn = self.self_attn(

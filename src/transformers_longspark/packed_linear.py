@@ -58,43 +58,48 @@ _thread = _ThreadState()
 _routed: dict[int, tuple[int, torch.dtype | None]] = {}  # id(layer) -> (open blocks routing it, compute dtype)
 _lock = threading.Lock()
 _ONEDNN = torch.backends.mkldnn.is_available()
-# (id(weight), dtype) -> (a weak reference to the weight, (its storage and version when packed), packed copy in
-# `dtype` or None); outside the modules, so that copying, pickling or saving a model never meets a oneDNN tensor. An
-# entry goes with its weight. (Keyed by id: tensors compare elementwise, so they cannot be the keys of a
-# WeakKeyDictionary.)
-_packed: dict[tuple[int, torch.dtype], tuple[weakref.ref, tuple, torch.Tensor | None]] = {}
+# (ids of the weights, dtype) -> (weak references to them, (their storages and versions when packed), packed copy of
+# them stacked, in `dtype`, or None); outside the modules, so that copying, pickling or saving a model never meets a
+# oneDNN tensor. An entry goes with any of its weights. (Keyed by id: tensors compare elementwise, so they cannot be
+# the keys of a WeakKeyDictionary.) One weight is the common case; several are layers that read the same input and
+# run as one product (`fused_linears`).
+_Weights = tuple[torch.Tensor, ...]
+_packed: dict[tuple[tuple[int, ...], torch.dtype], tuple[tuple[weakref.ref, ...], tuple, object]] = {}
 
 
-def _entry(weight: torch.Tensor, dtype: torch.dtype) -> tuple[weakref.ref, tuple, torch.Tensor | None] | None:
-    """`weight`'s entry in `_packed` for `dtype`, if it has one (an id reused by a new tensor does not count)."""
-    entry = _packed.get((id(weight), dtype))
-    return entry if entry is not None and entry[0]() is weight else None
+def _entry(weights: _Weights, dtype: torch.dtype) -> tuple[tuple[weakref.ref, ...], tuple, object] | None:
+    """The entry of `weights` in `_packed` for `dtype`, if it has one (an id reused by a new tensor does not count)."""
+    entry = _packed.get((tuple(map(id, weights)), dtype))
+    return entry if entry is not None and all(ref() is w for ref, w in zip(entry[0], weights)) else None
 
 
-def _forget(key: tuple[int, torch.dtype]) -> None:
+def _forget(key: tuple[tuple[int, ...], torch.dtype]) -> None:
     entry = _packed.get(key)
-    if entry is not None and entry[0]() is None:
+    if entry is not None and any(ref() is None for ref in entry[0]):
         del _packed[key]
 
 
-def _packed_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | tuple[torch.Tensor, ...] | None:
-    """`weight` in `dtype` and oneDNN's layout (packed on first use, again after it changes in place), or `None` where
-    it cannot be packed (the build or CPU lacks the kernel for that dtype). For `torch.int8`: `(int8 weight, bf16
-    scale per output row)`, symmetric, for `torch._weight_int8pack_mm` (input widths that are multiples of 16 only)."""
-    state = (weight.data_ptr(), weight._version)
-    entry = _entry(weight, dtype)
+def _packed_weight(weights: _Weights, dtype: torch.dtype) -> object:
+    """`weights` stacked (one: as it is) in `dtype` and oneDNN's layout (packed on first use, again after any changes in
+    place), or `None` where it cannot be packed (the build or CPU lacks the kernel for that dtype). For `torch.int8`:
+    `(int8 weight, bf16 scale per output row)`, symmetric, for `torch._weight_int8pack_mm` (input widths that are
+    multiples of 16 only); for `torch.qint8`: fbgemm's prepacked int8 rows."""
+    state = tuple((w.data_ptr(), w._version) for w in weights)
+    entry = _entry(weights, dtype)
     if entry is None or entry[1] != state:
+        weight = weights[0].detach() if len(weights) == 1 else torch.cat([w.detach() for w in weights])
         try:
             if dtype == torch.int8:  # the kernel reads inputs 16 wide: other widths give wrong results (torch 2.13)
-                packed = _int8_rows(weight.detach().float()) if weight.shape[1] % 16 == 0 else None
+                packed = _int8_rows(weight.float()) if weight.shape[1] % 16 == 0 else None
             elif dtype == torch.qint8:
-                packed = _dynamic_int8_rows(weight.detach().float())
+                packed = _dynamic_int8_rows(weight.float())
             else:
-                packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype), None)
+                packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype), None)
         except RuntimeError:  # e.g. bf16 without AVX-512 / AVX-NE-CONVERT
             packed = None
-        key = (id(weight), dtype)
-        entry = _packed[key] = (weakref.ref(weight, lambda _, key=key: _forget(key)), state, packed)
+        key = (tuple(map(id, weights)), dtype)
+        refs = tuple(weakref.ref(w, lambda _, key=key: _forget(key)) for w in weights)
+        entry = _packed[key] = (refs, state, packed)
     return entry[2]
 
 
@@ -124,7 +129,7 @@ _DYNAMIC_INT8 = hasattr(torch.ops.quantized, "linear_dynamic") and torch.backend
 def packed_copy(weight: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor | None:
     """The packed copy kept for `weight` in `dtype` (default: its own), or `None` (never packed, released, or not
     packable)."""
-    entry = _entry(weight, dtype or weight.dtype)
+    entry = _entry((weight,), dtype or weight.dtype)
     return None if entry is None else entry[2]
 
 
@@ -154,34 +159,57 @@ def linear(
     product runs in `dtype` from a packed copy in that dtype, and the result is cast back to the input's dtype; with
     `torch.int8`, from int8 weights with a scale per output row, on bf16 inputs; with `torch.qint8`, from the same
     rows with fp32 inputs quantized on the fly (fbgemm)."""
-    if not _thread.depth:  # outside a block (training, other threads): nothing else to check
-        return F.linear(input, weight, bias)
-    compute = dtype or weight.dtype
-    if (
+    if _thread.depth:  # outside a block (training, other threads) F.linear at once
+        out = _packed_product(input, (weight,), bias, dtype or weight.dtype)
+        if out is not None:
+            return out
+    return F.linear(input, weight, bias)
+
+
+def fused_linears(input: torch.Tensor, layers: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
+    """`tuple(layer(input) for layer in layers)`, as one product over the layers' stacked weights where this thread's
+    block routes them all in one dtype and the forward is one the packed kernel serves: one kernel call (and in
+    dynamic int8 one quantization of the input) instead of one per layer, e.g. a block's query, key and value
+    projections. Elsewhere (training, other threads) each layer runs its own forward."""
+    routed = [_routed.get(id(layer)) for layer in layers]
+    dtypes = {None if r is None else r[1] or layers[0].weight.dtype for r in routed}
+    biases = [layer.bias for layer in layers if layer.bias is not None]
+    if _thread.depth and None not in dtypes and len(dtypes) == 1 and len(biases) in (0, len(layers)):
+        bias = torch.cat(biases) if biases else None
+        out = _packed_product(input, tuple(layer.weight for layer in layers), bias, dtypes.pop())
+        if out is not None:
+            return out.split([layer.out_features for layer in layers], dim=-1)
+    return tuple(layer(input) for layer in layers)
+
+
+def _packed_product(
+    input: torch.Tensor, weights: _Weights, bias: torch.Tensor | None, compute: torch.dtype
+) -> torch.Tensor | None:
+    """`input` times `weights` stacked, from their packed copy in `compute`, or `None` where none serves."""
+    if not (
         input.dim() >= 2
         and input.numel() // input.shape[-1] <= MAX_PACKED_ROWS
-        and input.dtype == weight.dtype
+        and all(input.dtype == w.dtype and _packable(w) for w in weights)
         and compute in _COMPUTE_DTYPES
-        and _packable(weight)
-        and not (torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad))
+        and not (torch.is_grad_enabled() and (input.requires_grad or any(w.requires_grad for w in weights)))
     ):
-        packed = _packed_weight(weight, compute)
-        if compute == torch.qint8 and packed is not None:
-            rows = input.reshape(-1, input.shape[-1]).float()
-            out = torch.ops.quantized.linear_dynamic(rows, packed, True).view(*input.shape[:-1], -1).to(input.dtype)
-            return out if bias is None else out + bias
-        if isinstance(packed, tuple):
-            quantized, scale = packed
-            rows = input.reshape(-1, input.shape[-1]).to(torch.bfloat16)
-            out = torch._weight_int8pack_mm(rows, quantized, scale).view(*input.shape[:-1], -1).to(input.dtype)
-            return out if bias is None else out + bias
-        if packed is not None:
-            if compute == input.dtype:
-                return torch.ops.mkldnn._linear_pointwise(input, packed, bias, "none", [], "")
-            bias = None if bias is None else bias.to(compute)
-            out = torch.ops.mkldnn._linear_pointwise(input.to(compute), packed, bias, "none", [], "")
-            return out.to(input.dtype)
-    return F.linear(input, weight, bias)
+        return None
+    packed = _packed_weight(weights, compute)
+    if packed is None:
+        return None
+    if compute == torch.qint8:
+        rows = input.reshape(-1, input.shape[-1]).float()
+        out = torch.ops.quantized.linear_dynamic(rows, packed, True).view(*input.shape[:-1], -1).to(input.dtype)
+        return out if bias is None else out + bias
+    if compute == torch.int8:
+        quantized, scale = packed
+        rows = input.reshape(-1, input.shape[-1]).to(torch.bfloat16)
+        out = torch._weight_int8pack_mm(rows, quantized, scale).view(*input.shape[:-1], -1).to(input.dtype)
+        return out if bias is None else out + bias
+    if compute == input.dtype:
+        return torch.ops.mkldnn._linear_pointwise(input, packed, bias, "none", [], "")
+    bias = None if bias is None else bias.to(compute)
+    return torch.ops.mkldnn._linear_pointwise(input.to(compute), packed, bias, "none", [], "").to(input.dtype)
 
 
 def _routed_forward(layer: nn.Linear, input: torch.Tensor) -> torch.Tensor:
@@ -244,7 +272,7 @@ def packed_drafter_weights(drafter: nn.Module) -> contextlib.AbstractContextMana
 def release_packed_weights(*models: nn.Module) -> None:
     """Frees the packed copies of `models`' linear weights, in every dtype (they are packed again on the next use)."""
     weights = {id(p) for model in models for p in model.parameters()}
-    for key in [key for key in _packed if key[0] in weights]:
+    for key in [key for key in _packed if weights.intersection(key[0])]:
         del _packed[key]
 
 
@@ -252,6 +280,7 @@ __all__ = [
     "MAX_PACKED_ROWS",
     "drafter_linear_dtype",
     "fast_dtype",
+    "fused_linears",
     "packed_drafter_weights",
     "linear",
     "packed_copy",
