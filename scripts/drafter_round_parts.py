@@ -1,12 +1,13 @@
 #!/usr/bin/env python
-"""What a drafter round costs, part by part, with the drafter's linear layers in fp32, in its fast dtype and in int8.
+"""What a drafter round costs, part by part, with the drafter's linear layers in each dtype this CPU runs packed.
 
 On held-out short prompts, the drafter alone (lookup off, costs 0: every round drafts) decodes with
-`drafter.linear_dtype = torch.float32`, `"auto"` (bfloat16 where the CPU has native bf16 kernels) and `torch.int8`
-(int8 weights with a scale per row, bf16 inputs), interleaved per prompt, beside plain decoding on the fast path
-(every round a plain step), which gives the target step. Prints, per setting, the milliseconds per drafter round of
-each part (`DraftingStats.drafter_round_parts`: drafter forward, context read with the summary update, planning, the
-rest) and the round in target steps, with tau and tokens/s, and writes them as JSON.
+`drafter.linear_dtype` = `torch.float32`, `torch.bfloat16` (where the CPU has native bf16 kernels), `torch.int8`
+(int8 weights with a scale per row, bf16 inputs) and `torch.qint8` (the same rows in fbgemm's dynamic int8, the
+default on x86), interleaved per prompt, beside plain decoding on the fast path (every round a plain step), which
+gives the target step. Prints, per setting, the milliseconds per drafter round of each part
+(`DraftingStats.drafter_round_parts`: drafter forward, context read with the summary update, planning, the rest) and
+the round in target steps, with tau and tokens/s, and writes them as JSON.
 
     python scripts/drafter_round_parts.py --num-threads 2 --json results/drafter_round_parts.json
 """
@@ -26,12 +27,16 @@ from transformers_longspark.benchmarks.prompts import short_prompts
 from transformers_longspark.benchmarks.speed import drafter_settings
 from transformers_longspark.inference.stats import DraftingStats, tau
 from transformers_longspark.loading import load_drafter, load_target
-from transformers_longspark.packed_linear import drafter_linear_dtype
+from transformers_longspark.packed_linear import drafter_linear_dtype, fast_dtype
 
 DRAFTER_ALONE = {"lookup_min_match": 0, "calibrate_costs": False, "draft_round_cost": 0.0, "verify_round_cost": 0.0,
                  "verify_token_cost": 0.0}  # fmt: skip
 NO_PROPOSALS = {"lookup_min_match": 0, "use_drafter": False}
-SETTINGS = {"fp32": torch.float32, "auto": "auto", "int8": torch.int8}
+SETTINGS = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8, "qint8": torch.qint8}
+if not torch.ops.mkldnn._is_mkldnn_bf16_supported():  # emulated bf16: not a setting anyone would run
+    del SETTINGS["bf16"]
+if fast_dtype(torch.float32) != torch.qint8:  # no fbgemm here
+    del SETTINGS["qint8"]
 
 
 def main() -> None:
@@ -54,7 +59,7 @@ def main() -> None:
         input_ids = torch.tensor([prompt["input_ids"]])
         order = [*SETTINGS, "plain_steps"]
         for name in order[index % len(order) :] + order[: index % len(order)]:
-            drafter.linear_dtype = SETTINGS.get(name, "auto")
+            drafter.linear_dtype = SETTINGS.get(name, "auto")  # plain steps: no drafter round to price
             settings = NO_PROPOSALS if name == "plain_steps" else DRAFTER_ALONE
             with drafter_settings(drafter, settings), time_forward_calls(target) as forwards:
                 start = time.perf_counter()
