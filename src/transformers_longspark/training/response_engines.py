@@ -163,7 +163,7 @@ class VLLMEngine:
         kv_cache_bytes: int = VLLM_KV_CACHE_BYTES,
     ):
         try:
-            from vllm import LLM
+            import vllm  # noqa: F401
         except ImportError as error:
             raise ImportError(
                 "--engine vllm needs vLLM, which lives in its own environment: run `bash scripts/install_vllm.sh`, "
@@ -178,14 +178,24 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
         # A step of a large batch on a small, shared CPU can outlast vLLM's 300 s limit, which kills the engine.
         os.environ.setdefault("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "3600")
-        self.llm = LLM(
-            self.target,
+        # Started at the first batch to sample: a run whose records all come from archives never waits for it.
+        self._llm_options = dict(
             dtype=dtype,
             enforce_eager=True,
             max_model_len=max_model_len,
             max_num_batched_tokens=max_batch_tokens,
             kv_cache_memory_bytes=kv_cache_bytes,
         )
+        self._llm: Any = None
+
+    @property
+    def llm(self) -> Any:
+        """vLLM's `LLM` on the target (started on first use)."""
+        if self._llm is None:
+            from vllm import LLM
+
+            self._llm = LLM(self.target, **self._llm_options)
+        return self._llm
 
     def generate(self, prompt_ids: Sequence[list[int]], seeds: Sequence[int], sampling: Sampling) -> list[list[int]]:
         from vllm import SamplingParams
