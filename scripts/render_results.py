@@ -165,6 +165,8 @@ def report_table(path: Path) -> str:
         return regeneration_table(report)
     if kind == "drafter_round_parts":
         return round_parts_table(report)
+    if kind == "speed":
+        return speed_rows_table(report)
     raise SystemExit(f"{path}: no table for a report of kind {kind!r} (its 'benchmark' field).")
 
 
@@ -205,6 +207,23 @@ def regeneration_table(report: dict[str, Any]) -> str:
             f"({machine.get('cpu_cores', '?')} cores), torch {machine.get('torch', '?')}.")  # fmt: skip
     header = ["engine", "dtype", "batch", "response tokens", "seconds", "tokens/s", "vs transformers"]
     return _table(header, rows, note, text_columns=2)
+
+
+def speed_rows_table(report: dict[str, Any]) -> str:
+    """Every row of a `longspark bench speed` report: decode speed against plain `generate` and the best plain path,
+    tau, what proposing costs per round, and greedy identity."""
+    machine = report.get("machine", {})
+    rows = [[row["workload"], row["mode"], row["label"], f"{row['tau']:.2f}", f"{row['decode_tokens_per_s']:.1f}",
+             f"{row['decode_speedup']:.2f}x", f"{row['decode_speedup_vs_best_plain']:.2f}x",
+             "-" if row.get("proposal_ms_per_round") is None else f"{row['proposal_ms_per_round']:.1f}",
+             "-" if row["mode"] != "greedy" else ("yes" if row.get("greedy_identical") else "NO")]
+            for row in report["rows"]]  # fmt: skip
+    note = (f"{machine.get('cpu', 'an unknown CPU')} ({machine.get('cpu_cores', '?')} cores, "
+            f"{machine.get('torch_threads', '?')} threads), torch {machine.get('torch', '?')}; every method "
+            f"interleaved per prompt; variants: {json.dumps(report['settings'].get('variants', {}))}.")  # fmt: skip
+    header = ["workload", "mode", "method", "tau", "decode tok/s", "vs plain", "vs best plain", "propose ms/round",
+              "identical"]  # fmt: skip
+    return _table(header, rows, note, text_columns=3)
 
 
 def round_parts_table(report: dict[str, Any]) -> str:
