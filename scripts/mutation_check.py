@@ -162,7 +162,7 @@ MUTATIONS = [
              "(assistant_model) if fast and packed else nullcontext()", "(assistant_model) if False else nullcontext()",
              PACKED),
     Mutation("other threads' linear layers take the packed weights", "packed_linear.py",
-             "if not _thread.depth:  # outside a block", "if False:  # outside a block", PACKED),
+             "if _thread.depth:  # outside a block", "if True:  # outside a block", PACKED),
     Mutation("capture hooks record other threads' forwards", "targets.py",
              "if not any_thread and threading.get_ident() != owner:", "if threading.get_ident() == -1:", RELIABILITY),
     # The wiring between units (issue 31). Logits processors that read the recent sequence, on lookup rounds.
@@ -227,7 +227,8 @@ MUTATIONS = [
              "packed_linear_weights(model) if packed_weights else", "packed_linear_weights(model) if True else",
              PACKED),
     Mutation("a packed copy outlives its weight's storage (w.data = t)", "packed_linear.py",
-             "state = (weight.data_ptr(), weight._version)", "state = (id(weight), weight._version)", PACKED),
+             "state = tuple((w.data_ptr(), w._version) for w in weights)",
+             "state = tuple((id(w), w._version) for w in weights)", PACKED),
     # The drafting EOS cut.
     Mutation("the drafting EOS cut reads draft-vocabulary columns, not target ids", "inference/drafting.py",
              "~torch.isin(token, eos_token_ids", "~torch.isin(choice, eos_token_ids", EOS_CUT),
@@ -305,6 +306,21 @@ MUTATIONS = [
     Mutation("tokens per step leaves the drafter's forward unpriced", "benchmarks/tau.py",
              "return verification + stats.drafter_rounds * costs.drafter_cost(prompt_length)", "return verification",
              TAU_BENCH),
+    # Dynamic int8 drafter layers, fused projections, response archives, benchmark variants.
+    Mutation("dynamic int8 rows scaled 10x too fine (they saturate)", "packed_linear.py",
+             "scale = weight.abs().amax(dim=1).double() / 127", "scale = weight.abs().amax(dim=1).double() / 1270",
+             PACKED),
+    Mutation("fused projections split at the wrong widths", "packed_linear.py",
+             "return out.split([layer.out_features for layer in layers], dim=-1)",
+             "return out.split([layer.out_features for layer in reversed(layers)], dim=-1)",
+             PACKED),
+    Mutation("archived responses of other settings reused", "training/response_archive.py",
+             'if record["run"] == key:', "if True:", REGENERATION),
+    Mutation("archived records ignored", "training/regenerate.py",
+             "    restored = [i for i in pending if i in archived]", "    restored, archived = [], {}", REGENERATION),
+    Mutation("unknown variant settings accepted", "benchmarks/speed.py",
+             "unknown = sorted(set(settings) - knobs - set(DRAFTER_SWITCHES))", "unknown = []",
+             ("tests/test_benchmark.py",)),
 ]  # fmt: skip
 
 

@@ -291,8 +291,10 @@ def test_archived_responses_rebuild_the_records_without_sampling(tmp_path, targe
     assert sorted(archived_responses(archives, config)) == [0, 1, 2]  # each file holds only what was new
 
     pack_responses(data_dir, archives)
-    monkeypatch.setattr(model, "generate", lambda *args, **kwargs: pytest.fail("an archived record was sampled"))
+    generate, sampled = model.generate, []
+    monkeypatch.setattr(model, "generate", lambda *args, **kwargs: sampled.append(1) or generate(*args, **kwargs))
     rebuilt = regenerate(PROMPTS, tmp_path / "rebuilt", model, tokenizer, archives=archives, **SETTINGS)
+    assert not sampled  # every record came from the archives
     assert _records(rebuilt) == _records(data_dir)
 
 
@@ -311,3 +313,14 @@ def test_pack_errors(tmp_path):
     (tmp_path / "responses-000.jsonl.xz").write_bytes(lzma.compress(b'{"not": "an archive"}\n'))
     with pytest.raises(ValueError, match="is not a response archive"):
         archived_responses(tmp_path, {})
+
+
+def test_pack_command(tmp_path, target, capsys):
+    from transformers_longspark.cli import main
+
+    model, tokenizer = target
+    regenerate(PROMPTS[:2], tmp_path / "data", model, tokenizer, **SETTINGS)
+    main(["pack", str(tmp_path / "data"), str(tmp_path / "archives")])
+    assert "Wrote" in capsys.readouterr().out and (tmp_path / "archives" / "responses-000.jsonl.xz").exists()
+    main(["pack", str(tmp_path / "data"), str(tmp_path / "archives")])
+    assert "already holds every response" in capsys.readouterr().out

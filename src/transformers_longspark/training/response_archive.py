@@ -35,10 +35,7 @@ def archived_responses(archive_dir: str | os.PathLike, config: Mapping[str, Any]
     """``{record id: response ids}`` of every archived record sampled with exactly these run settings."""
     key, found = run_key(config), {}
     for path in sorted(Path(archive_dir).glob(ARCHIVE_GLOB)):
-        runs, records = _read_archive(path)
-        if key not in runs:
-            continue
-        for record in records:
+        for record in _read_archive(path):
             if record["run"] == key:
                 found[record["id"]] = record["response_ids"]
     return found
@@ -78,13 +75,14 @@ def pack_responses(data_dir: str | os.PathLike, archive_dir: str | os.PathLike) 
 _CONFIG = "regenerate_config.json"  # regenerate.CONFIG_FILE (that module imports torch)
 
 
-def _read_archive(path: Path) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
+def _read_archive(path: Path) -> Iterator[dict[str, Any]]:
+    """The records of one archive, after checking its header (whose run settings are for readers of the file)."""
     with lzma.open(path, "rt", encoding="utf-8") as file:
         lines = file.read().splitlines()
     header = json.loads(lines[0]) if lines else {}
     if header.get("format") != FORMAT:
         raise ValueError(f"{path} is not a response archive ({FORMAT}); remove it from the archive folder.")
-    return header["runs"], (json.loads(line) for line in lines[1:])
+    return (json.loads(line) for line in lines[1:])
 
 
 def _complete_records(folder: Path) -> Iterator[dict[str, Any]]:
