@@ -308,6 +308,8 @@ def test_archives_of_other_settings_are_not_used(tmp_path, target):
 
 
 def test_pack_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="No archive folder at"):
+        archived_responses(tmp_path / "missing", {})
     with pytest.raises(FileNotFoundError, match="holds no regenerated records"):
         pack_responses(tmp_path, tmp_path / "archives")
     (tmp_path / "responses-000.jsonl.xz").write_bytes(lzma.compress(b'{"not": "an archive"}\n'))

@@ -33,6 +33,8 @@ def run_key(config: Mapping[str, Any]) -> str:
 
 def archived_responses(archive_dir: str | os.PathLike, config: Mapping[str, Any]) -> dict[int, list[int]]:
     """``{record id: response ids}`` of every archived record sampled with exactly these run settings."""
+    if not Path(archive_dir).is_dir():
+        raise FileNotFoundError(f"No archive folder at {archive_dir}; pass the folder `longspark pack` wrote to.")
     key, found = run_key(config), {}
     for path in sorted(Path(archive_dir).glob(ARCHIVE_GLOB)):
         for record in _read_archive(path):
@@ -54,7 +56,7 @@ def pack_responses(data_dir: str | os.PathLike, archive_dir: str | os.PathLike) 
     for folder in folders:
         config = json.loads((folder / _CONFIG).read_text())
         key = run_key(config)
-        known = archived_responses(archive, config)
+        known = archived_responses(archive, config) if archive.is_dir() else {}
         fresh = [record for record in _complete_records(folder) if record["id"] not in known]
         if fresh:
             runs[key] = config
