@@ -308,7 +308,7 @@ MUTATIONS = [
              TAU_BENCH),
     # Dynamic int8 drafter layers, fused projections, response archives, benchmark variants.
     Mutation("dynamic int8 rows scaled 10x too fine (they saturate)", "packed_linear.py",
-             "scale = weight.abs().amax(dim=1).double() / 127", "scale = weight.abs().amax(dim=1).double() / 1270",
+             "scale = _row_scales(weight).double()", "scale = _row_scales(weight).double() / 10",
              PACKED),
     Mutation("fused projections split at the wrong widths", "packed_linear.py",
              "return out.split([layer.out_features for layer in layers], dim=-1)",

@@ -103,10 +103,15 @@ def _packed_weight(weights: _Weights, dtype: torch.dtype) -> object:
     return entry[2]
 
 
-def _int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-output-row symmetric int8: `weight ~ int8 * scale[:, None]`, `scale = max |row| / 127` (1 for a zero row)."""
+def _row_scales(weight: torch.Tensor) -> torch.Tensor:
+    """The scale of each output row in symmetric int8: `max |row| / 127` (1 for a zero row)."""
     scale = weight.abs().amax(dim=1) / 127
-    scale = torch.where(scale > 0, scale, 1.0)
+    return torch.where(scale > 0, scale, 1.0)
+
+
+def _int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-output-row symmetric int8: `weight ~ int8 * scale[:, None]` (`_row_scales`)."""
+    scale = _row_scales(weight)
     quantized = torch.round(weight / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
     return quantized, scale.to(torch.bfloat16)
 
@@ -115,8 +120,7 @@ def _dynamic_int8_rows(weight: torch.Tensor) -> torch.ScriptObject | None:
     """`weight` as fbgemm's prepacked int8 rows (symmetric, a scale per output row), or `None` without the kernel."""
     if not _DYNAMIC_INT8:
         return None
-    scale = weight.abs().amax(dim=1).double() / 127
-    scale = torch.where(scale > 0, scale, 1.0)
+    scale = _row_scales(weight).double()
     with warnings.catch_warnings():  # torch deprecates quantized tensors in favour of torchao; 2.13 still runs them
         warnings.simplefilter("ignore", UserWarning)
         rows = torch.quantize_per_channel(weight, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
