@@ -318,7 +318,7 @@ MUTATIONS = [
              'if record["run"] == key:', "if True:", REGENERATION),
     Mutation("archived records ignored", "training/regenerate.py",
              "    restored = [i for i in pending if i in archived]", "    restored, archived = [], {}", REGENERATION),
-    Mutation("unknown variant settings accepted", "benchmarks/speed.py",
+    Mutation("unknown variant settings accepted", "benchmarks/settings.py",
              "unknown = sorted(set(settings) - knobs - set(DRAFTER_SWITCHES))", "unknown = []",
              ("tests/test_benchmark.py",)),
 ]  # fmt: skip

@@ -4,12 +4,13 @@ import argparse
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
 from helpers import context_target, make_drafter, make_oracle_drafter, make_target
 from transformers_longspark import benchmarks
-from transformers_longspark.benchmarks import memory, run_batched_benchmark
+from transformers_longspark.benchmarks import BatchedSettings, MemorySettings, memory, run_batched_benchmark, runners
 from transformers_longspark.benchmarks.batched import format_batched
 from transformers_longspark.benchmarks.cli import parse_variants
 from transformers_longspark.benchmarks.report import format_memory
@@ -60,10 +61,10 @@ def test_memory_benchmark_report(tmp_path, monkeypatch):
         output = "MEMORY-RESULT " + json.dumps(memory._memory_worker(json.loads(command[-1])))
         return subprocess.CompletedProcess(command, 0, stdout=f"noise\n{output}\n", stderr="")
 
-    monkeypatch.setattr(memory.subprocess, "run", fake_run)
-    result = benchmarks.run_memory_benchmark(
-        (16, 48), max_new_tokens=4, target=str(tmp_path / "target"), drafter=str(tmp_path / "drafter")
-    )
+    # Not `subprocess.run` itself: `machine_info` (platform.processor) may call it too.
+    monkeypatch.setattr(memory, "subprocess", SimpleNamespace(run=fake_run))
+    settings = MemorySettings(prompt_lengths=(16, 48), max_new_tokens=4)
+    result = benchmarks.run_memory_benchmark(str(tmp_path / "target"), str(tmp_path / "drafter"), settings)
     assert [json.loads(c[-1])["mode"] for c in commands] == ["plain", "assisted"] * 2
     assert [row["prompt_length"] for row in result["lengths"]] == [16, 48]
     assert len(result["runs"]) == 4 and all(run["new_tokens"] == 4 for run in result["runs"])
@@ -81,8 +82,8 @@ def test_batched_benchmark_report():
     target = context_target("llama")
     drafter = make_oracle_drafter(target, window_size=8, block_size=4)
     prompts = {"short": [[5, 9, 28], [7, 1, 3, 7, 1]], "long": [list(range(1, 41))]}
-    report = run_batched_benchmark(target, drafter, prompts, batch_sizes=(1, 2, 3), max_new_tokens=8,
-                                   modes=("greedy", "sampled"), pad_token_id=0)  # fmt: skip
+    settings = BatchedSettings(batch_sizes=(1, 2, 3), max_new_tokens=8, modes=("greedy", "sampled"), pad_token_id=0)
+    report = run_batched_benchmark(target, drafter, prompts, settings)
     keys = {(row["workload"], row["mode"], row["batch_size"]) for row in report["rows"]}
     assert keys == {(w, m, b) for w in prompts for m in ("greedy", "sampled") for b in (1, 2, 3)}
     for row in report["rows"]:
@@ -96,16 +97,12 @@ def test_batched_benchmark_report():
 
 def test_batched_benchmark_command_line(tmp_path, monkeypatch):
     """`longspark bench --batch-sizes ...` end to end, on a tiny target (its loading and prompts stubbed)."""
-    from types import SimpleNamespace
-
-    from transformers_longspark.benchmarks import cli
-
     target = context_target("qwen3")
     drafter = make_oracle_drafter(target, window_size=8, block_size=4)
-    monkeypatch.setattr(cli, "_load_target", lambda args: (target, SimpleNamespace(pad_token_id=0, eos_token_id=1)))
-    monkeypatch.setattr(cli, "_load_drafter", lambda args, target: (drafter, {"trained": False}))
-    monkeypatch.setattr(cli, "short_prompts", lambda tokenizer, n, held_out: [{"input_ids": [5, 9, 28]}] * n)
-    monkeypatch.setattr(cli, "long_context_prompts", lambda *a, **k: [{"input_ids": list(range(2, 30))}])
+    monkeypatch.setattr(runners, "_load_target", lambda args: (target, SimpleNamespace(pad_token_id=0, eos_token_id=1)))
+    monkeypatch.setattr(runners, "_load_drafter", lambda args, target: (drafter, {"trained": False}))
+    monkeypatch.setattr(runners, "short_prompts", lambda tokenizer, n, held_out: [{"input_ids": [5, 9, 28]}] * n)
+    monkeypatch.setattr(runners, "long_context_prompts", lambda *a, **k: [{"input_ids": list(range(2, 30))}])
     path = tmp_path / "batched.json"
     benchmarks.main(["--batch-sizes", "1", "4", "--max-new-tokens", "6", "--modes", "greedy", "--json", str(path)])
     report = json.loads(path.read_text())
@@ -117,18 +114,14 @@ def test_batched_benchmark_command_line(tmp_path, monkeypatch):
 
 def test_speed_comparison_command_line_without_batch_sizes(monkeypatch):
     """`longspark bench` without `--batch-sizes` asks for `--num-short-prompts` prompts and runs the comparison."""
-    from types import SimpleNamespace
-
-    from transformers_longspark.benchmarks import cli
-
     target = context_target("qwen3")
-    monkeypatch.setattr(cli, "_load_target", lambda args: (target, SimpleNamespace(pad_token_id=0, eos_token_id=1)))
-    monkeypatch.setattr(cli, "_load_drafter", lambda args, target: (make_drafter(target), {"trained": False}))
+    monkeypatch.setattr(runners, "_load_target", lambda args: (target, SimpleNamespace(pad_token_id=0, eos_token_id=1)))
+    monkeypatch.setattr(runners, "_load_drafter", lambda args, target: (make_drafter(target), {"trained": False}))
     asked = []
-    monkeypatch.setattr(cli, "short_prompts", lambda tokenizer, n, held_out: asked.append(n) or [])
+    monkeypatch.setattr(runners, "short_prompts", lambda tokenizer, n, held_out: asked.append(n) or [])
     compared = []
-    monkeypatch.setattr(cli, "run_speed_benchmark", lambda *args, **kwargs: compared.append(args) or {"rows": []})
-    monkeypatch.setattr(cli, "format_markdown", lambda result: "")
+    monkeypatch.setattr(runners, "run_speed_benchmark", lambda *args, **kwargs: compared.append(args) or {"rows": []})
+    monkeypatch.setattr(runners, "format_markdown", lambda result: "")
     benchmarks.main(["--workloads", "short", "--num-short-prompts", "3"])
     assert asked == [3] and len(compared) == 1
 
@@ -139,9 +132,6 @@ def test_speed_comparison_command_line_without_batch_sizes(monkeypatch):
 def test_tau_command_compares_drafters_on_the_same_prompts(tmp_path, monkeypatch):
     """`longspark bench tau --drafter NAME=FOLDER ...`: every drafter decodes every prompt; greedy outputs agree, and
     tau and the per-position acceptance come from `inference.stats`."""
-    from types import SimpleNamespace
-
-    from transformers_longspark.benchmarks import cli
     from transformers_longspark.benchmarks import tau as tau_module
 
     target = context_target("qwen3")
@@ -153,10 +143,10 @@ def test_tau_command_compares_drafters_on_the_same_prompts(tmp_path, monkeypatch
     }
     for folder in drafters:
         (tmp_path / folder).mkdir()
-    monkeypatch.setattr(cli, "_load_target", lambda args: (target, SimpleNamespace(pad_token_id=0, eos_token_id=1)))
-    monkeypatch.setattr(cli, "_load_drafter_from", lambda args, target, path: (drafters[path], {"path": path}))
-    monkeypatch.setattr(cli, "short_prompts", lambda tokenizer, n, held_out: [{"input_ids": [5, 9, 28]}] * n)
-    monkeypatch.setattr(cli, "long_context_prompts", lambda *a, **k: [{"input_ids": list(range(2, 30))}])
+    monkeypatch.setattr(runners, "_load_target", lambda args: (target, SimpleNamespace(pad_token_id=0, eos_token_id=1)))
+    monkeypatch.setattr(runners, "_load_drafter_from", lambda args, target, path: (drafters[path], {"path": path}))
+    monkeypatch.setattr(runners, "short_prompts", lambda tokenizer, n, held_out: [{"input_ids": [5, 9, 28]}] * n)
+    monkeypatch.setattr(runners, "long_context_prompts", lambda *a, **k: [{"input_ids": list(range(2, 30))}])
     path = tmp_path / "tau.json"
     oracle, random = (f"--drafter={name}={folder}" for name, folder in zip(("oracle", "random"), drafters))
     benchmarks.main(["tau", oracle, random, "--num-short-prompts", "2", "--max-new-tokens", "8", "--json", str(path)])
@@ -174,9 +164,6 @@ def test_tau_command_compares_drafters_on_the_same_prompts(tmp_path, monkeypatch
 def test_tau_curve_by_length_runs_the_drafter_alone_and_draws_it(tmp_path, monkeypatch):
     """`bench tau --by-length --drafter-alone --plot`: one row per prefix length (the same text cut at each), every
     round drafted by the drafter (lookup off, costs 0), and the curve written as a PNG."""
-    from types import SimpleNamespace
-
-    from transformers_longspark.benchmarks import cli
     from transformers_longspark.benchmarks import tau as tau_module
 
     target = context_target("qwen3")
@@ -189,9 +176,9 @@ def test_tau_curve_by_length_runs_the_drafter_alone_and_draws_it(tmp_path, monke
         assert every_length
         return [{"name": f"f[:{n}]", "length": n, "input_ids": text[:n]} for n in lengths]
 
-    monkeypatch.setattr(cli, "_load_target", lambda args: (target, SimpleNamespace(pad_token_id=0, eos_token_id=1)))
-    monkeypatch.setattr(cli, "_load_drafter_from", lambda args, target, path: (drafter, {"path": path}))
-    monkeypatch.setattr(cli, "long_context_prompts", curve_prompts)
+    monkeypatch.setattr(runners, "_load_target", lambda args: (target, SimpleNamespace(pad_token_id=0, eos_token_id=1)))
+    monkeypatch.setattr(runners, "_load_drafter_from", lambda args, target, path: (drafter, {"path": path}))
+    monkeypatch.setattr(runners, "long_context_prompts", curve_prompts)
     monkeypatch.setattr(tau_module, "calibrated_costs", lambda target, drafter: RoundCosts())
     path, plot = tmp_path / "curve.json", tmp_path / "curve.png"
     arguments = ["tau", "--drafter=oracle=x", "--workloads", "long", "--long-lengths", "12", "30", "--by-length"]

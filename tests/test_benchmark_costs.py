@@ -10,13 +10,14 @@ from transformers import Qwen3ForCausalLM
 
 from helpers import make_target
 from transformers_longspark import cli
-from transformers_longspark.benchmarks import add_bench_arguments, run_drafting_cost, run_verify_cost
-from transformers_longspark.benchmarks.common import Timings, measure, prefill
-from transformers_longspark.benchmarks.defaults import (
-    DEFAULT_LOOKUP_MIN_MATCH,
-    DEFAULT_LOOKUP_NUM_TOKENS,
-    SYNTHETIC_TARGETS,
+from transformers_longspark.benchmarks import (
+    DraftingCostSettings,
+    VerifyCostSettings,
+    add_bench_arguments,
+    run_drafting_cost,
+    run_verify_cost,
 )
+from transformers_longspark.benchmarks.common import Timings, measure, prefill
 from transformers_longspark.benchmarks.drafting_cost import _generators, full_prefix_state_bytes, synthetic_cache
 from transformers_longspark.benchmarks.lookup_cost import LOOKUP_ROW_FIELDS, lookup_history
 from transformers_longspark.benchmarks.models import build_random_drafter, build_synthetic_target
@@ -25,6 +26,11 @@ from transformers_longspark.benchmarks.report import (
     format_verify_cost,
     plot_drafting_cost,
     plot_verify_cost,
+)
+from transformers_longspark.benchmarks.settings import (
+    DEFAULT_LOOKUP_MIN_MATCH,
+    DEFAULT_LOOKUP_NUM_TOKENS,
+    SYNTHETIC_TARGETS,
 )
 from transformers_longspark.benchmarks.verify_cost import reserved_copy
 from transformers_longspark.inference.generation import requests_after
@@ -56,7 +62,8 @@ def test_measure_interleaves_warms_up_and_chains_phases():
 @pytest.fixture(scope="module")
 def verify_result():
     target = make_target("qwen3", num_attention_heads=4, num_key_value_heads=2)
-    return run_verify_cost(target, prefix_lengths=(48, 16), num_tokens=(4, 1, 2), repeats=2, warmup=1, prefill_chunk=32)
+    settings = VerifyCostSettings(prefix_lengths=(48, 16), num_tokens=(4, 1, 2), repeats=2, warmup=1, prefill_chunk=32)
+    return run_verify_cost(target, settings)
 
 
 def test_verify_cost_fields_and_shapes(verify_result):
@@ -85,7 +92,7 @@ def test_verify_cost_table_and_plot(verify_result, tmp_path):
 
 def test_verify_cost_without_a_one_token_forward_has_no_ratios():
     target = make_target("llama")
-    result = run_verify_cost(target, prefix_lengths=(16,), num_tokens=(2,), repeats=1, warmup=0)
+    result = run_verify_cost(target, VerifyCostSettings(prefix_lengths=(16,), num_tokens=(2,), repeats=1, warmup=0))
     assert result["ratio_to_stock_one_token"] == [[None]]
     assert "| - |" in format_verify_cost(result)
 
@@ -142,7 +149,8 @@ def test_synthetic_cache_fills_only_the_selected_layers():
 def synthetic_cost():
     target = build_synthetic_target("tiny")
     drafter = build_random_drafter(target, window_size=8, num_summary_queries=4, block_size=4, num_selected_layers=3)
-    result = run_drafting_cost(target, drafter, (16, 32), rounds=2, warmup=1, synthetic_prefix_lengths=(64, 8192))
+    settings = DraftingCostSettings(prefix_lengths=(16, 32), rounds=2, warmup=1, synthetic_prefix_lengths=(64, 8192))
+    result = run_drafting_cost(target, drafter, settings)
     return drafter, result
 
 
@@ -169,10 +177,8 @@ def test_drafting_cost_plot_with_synthetic_lengths(synthetic_cost, tmp_path):
 def lookup_cost():
     target = build_synthetic_target("tiny")
     drafter = build_random_drafter(target, window_size=8, num_summary_queries=4, block_size=4)
-    result = run_drafting_cost(
-        target,
-        drafter,
-        (16, 64),
+    settings = DraftingCostSettings(
+        prefix_lengths=(16, 64),
         rounds=3,
         warmup=1,
         synthetic_prefix_lengths=(256, 1024),
@@ -180,6 +186,7 @@ def lookup_cost():
         lookup_num_tokens=6,
         lookup_new_tokens=3,
     )
+    result = run_drafting_cost(target, drafter, settings)
     return drafter, result
 
 
@@ -248,7 +255,8 @@ def test_drafting_cost_generators_draft_whole_blocks_whatever_the_drafter_thresh
 def test_drafting_cost_on_a_bfloat16_synthetic_target():
     target = build_synthetic_target("tiny", dtype=torch.bfloat16)
     drafter = build_random_drafter(target, window_size=8, num_summary_queries=4, block_size=4)
-    result = run_drafting_cost(target, drafter, (), rounds=1, warmup=0, synthetic_prefix_lengths=(32,))
+    settings = DraftingCostSettings(prefix_lengths=(), rounds=1, warmup=0, synthetic_prefix_lengths=(32,))
+    result = run_drafting_cost(target, drafter, settings)
     assert result["synthetic"] == [True] and result["dtype"] == "torch.bfloat16"
     assert result["full_prefix_state_bytes"] == [full_prefix_state_bytes(drafter.config, 32, torch.bfloat16)]
 

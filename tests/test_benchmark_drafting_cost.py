@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from helpers import make_drafter, make_target
-from transformers_longspark.benchmarks import run_drafting_cost
+from transformers_longspark.benchmarks import DraftingCostSettings, run_drafting_cost
 from transformers_longspark.benchmarks.drafting_cost import full_prefix_state_bytes
 from transformers_longspark.benchmarks.models import make_full_prefix_drafter
 from transformers_longspark.benchmarks.report import plot_drafting_cost
@@ -19,7 +19,8 @@ from transformers_longspark.benchmarks.report import plot_drafting_cost
 def cost_result():
     target = make_target("qwen3", max_position_embeddings=256)
     drafter = make_drafter(target, window_size=8, block_size=4)
-    return drafter, run_drafting_cost(target, drafter, prefix_lengths=(16, 32, 64, 512), rounds=2, warmup=1)
+    settings = DraftingCostSettings(prefix_lengths=(16, 32, 64, 512), rounds=2, warmup=1)
+    return drafter, run_drafting_cost(target, drafter, settings)
 
 
 def test_drafting_cost_fields(cost_result):
@@ -50,10 +51,12 @@ def test_state_bytes_fixed_for_longspark_and_linear_for_full_prefix(cost_result)
 def test_drafting_cost_uses_given_prefix_tokens():
     target = make_target("llama")
     drafter = make_drafter(target, window_size=8, block_size=4)
-    result = run_drafting_cost(target, drafter, (16,), rounds=1, warmup=0, prefix_ids=list(range(17)))
+    settings = DraftingCostSettings(prefix_lengths=(16,), rounds=1, warmup=0)
+    result = run_drafting_cost(target, drafter, settings, prefix_ids=list(range(17)))
     assert result["prefix_source"] == "given" and result["prefix_lengths"] == [16]
     with pytest.raises(ValueError, match="prefix_ids"):
-        run_drafting_cost(target, drafter, (32,), rounds=1, warmup=0, prefix_ids=list(range(17)))
+        settings = DraftingCostSettings(prefix_lengths=(32,), rounds=1, warmup=0)
+        run_drafting_cost(target, drafter, settings, prefix_ids=list(range(17)))
 
 
 def test_plot_is_written(cost_result, tmp_path):

@@ -24,9 +24,14 @@ Each is a Python function and a `longspark bench` subcommand:
 `--synthetic-target qwen3-8b` (also 4b, 14b) times drafting and verification on a random-weight target of the real
 shapes, built directly on `--device` in `--dtype`: see `scripts/gpu_benchmarks.sh`.
 
-This module's face is those entry points and the command (`main`, `run_bench`, `add_bench_arguments`); everything
-else lives in its submodule (`.speed_summary`, `.report`, `.prompts`, ...). The entry points are imported on first
-use by `cli`'s loader, so that `longspark --help` imports neither torch nor transformers.
+Each entry point takes the models and prompts, and one frozen settings object (`SpeedSettings`,
+`DraftingCostSettings`, `VerifyCostSettings`, `TauSettings`, `BatchedSettings`, `MemorySettings`: `.settings`), which
+checks its values when built; `longspark bench` builds it from its options.
+
+This module's face is those entry points, their settings and the command (`main`, `run_bench`, `add_bench_arguments`);
+everything else lives in its submodule (`.speed_summary`, `.report`, `.prompts`, ...). The entry points are imported
+on first use through `cli` (its one lazy-import point), so that `longspark --help` imports neither torch nor
+transformers.
 """
 
 from __future__ import annotations
@@ -35,15 +40,17 @@ from typing import Any
 
 from . import cli
 from .cli import add_bench_arguments, main, run_bench
-
-ENTRY_POINTS = (
-    "run_batched_benchmark",
-    "run_drafting_cost",
-    "run_memory_benchmark",
-    "run_speed_benchmark",
-    "run_tau_benchmark",
-    "run_verify_cost",
+from .settings import (
+    BatchedSettings,
+    DraftingCostSettings,
+    MemorySettings,
+    SpeedSettings,
+    TauSettings,
+    VerifyCostSettings,
 )
+
+ENTRY_POINTS = ("run_batched_benchmark", "run_drafting_cost", "run_memory_benchmark", "run_speed_benchmark",
+                "run_tau_benchmark", "run_verify_cost")  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:
@@ -56,4 +63,5 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *ENTRY_POINTS})
 
 
-__all__ = ["add_bench_arguments", "main", "run_bench", *ENTRY_POINTS]
+__all__ = ["add_bench_arguments", "main", "run_bench", *ENTRY_POINTS, "BatchedSettings", "DraftingCostSettings",
+           "MemorySettings", "SpeedSettings", "TauSettings", "VerifyCostSettings"]  # fmt: skip

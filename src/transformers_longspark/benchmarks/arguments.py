@@ -8,7 +8,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from .defaults import (
+from .settings import (
     DEFAULT_LONG_LENGTHS,
     DEFAULT_LOOKUP_MIN_MATCH,
     DEFAULT_LOOKUP_NUM_TOKENS,

@@ -18,7 +18,8 @@ from transformers import PreTrainedModel
 
 from ..inference.stats import tau
 from ..modeling_longspark import LongSparkDrafterModel
-from .common import machine_info, measure
+from .common import generate_kwargs, machine_info, measure
+from .settings import BatchedSettings
 
 METHODS = ("plain", "longspark")
 
@@ -52,16 +53,7 @@ def _eos_token_ids(target: PreTrainedModel) -> list[int]:
     return [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [eos]
 
 
-def _generate_kwargs(mode: str, max_new_tokens: int, pad_token_id: int, temperature: float, ignore_eos: bool):
-    kwargs: dict[str, Any] = dict(max_new_tokens=max_new_tokens, do_sample=mode == "sampled", pad_token_id=pad_token_id)
-    if mode == "sampled":
-        kwargs.update(temperature=temperature, top_k=0, top_p=1.0)  # plain temperature sampling, as `bench speed`
-    if ignore_eos:
-        kwargs["min_new_tokens"] = max_new_tokens
-    return kwargs
-
-
-def _measure_batch(target, drafter, input_ids, attention_mask, kwargs, repeats, warmup, seed, device):
+def _measure_batch(target, drafter, input_ids, attention_mask, kwargs, settings: BatchedSettings, device):
     """Median seconds, new tokens and outputs of plain and LongSpark batched `generate` on one batch."""
     outputs: dict[str, torch.LongTensor] = {}
 
@@ -73,13 +65,11 @@ def _measure_batch(target, drafter, input_ids, attention_mask, kwargs, repeats, 
 
         return run
 
-    timings = measure(
-        {method: call(method) for method in METHODS},
-        repeats,
-        warmup,
-        device=device,
-        prepare=lambda name: torch.manual_seed(seed),
-    )
+    def prepare(method: str) -> None:
+        torch.manual_seed(settings.seed)
+
+    calls = {method: call(method) for method in METHODS}
+    timings = measure(calls, settings.repeats, settings.warmup, device=device, prepare=prepare)
     return {method: timings[method].median_ms() / 1000.0 for method in METHODS}, outputs
 
 
@@ -87,51 +77,42 @@ def run_batched_benchmark(
     target: PreTrainedModel,
     drafter: LongSparkDrafterModel,
     prompts: Mapping[str, Sequence[Sequence[int]]],
-    batch_sizes: Sequence[int] = (1, 2, 4, 8),
-    max_new_tokens: int = 128,
+    settings: BatchedSettings | None = None,
     *,
-    modes: Sequence[str] = ("greedy",),
-    pad_token_id: int | None = None,
-    temperature: float = 1.0,
-    ignore_eos: bool = False,
-    repeats: int = 1,
-    warmup: int = 1,
-    seed: int = 0,
     drafter_info: Mapping[str, Any] | None = None,
-    progress: bool = False,
 ) -> dict[str, Any]:
     """Tokens/s of plain vs LongSpark batched `generate` for each workload, mode and batch size.
 
     Args:
-        prompts: `{workload: [token ids, ...]}`; a batch of `b` takes the first `b` prompts, cycled.
-        pad_token_id: left-padding id (default: the target's pad, else its EOS, else 0).
-        repeats / warmup: timed and untimed `generate` calls per method and batch (`common.measure`, interleaved).
-        progress: show a progress bar of the batches on stderr.
+        prompts: `{workload: [token ids, ...]}`; a batch of `b` takes the first `b` prompts, cycled, left-padded to
+            `(b, longest)`.
+        settings: batch sizes, modes, repeats, ... (`BatchedSettings`; default `BatchedSettings()`).
+        drafter_info: what the report says of the drafter (its folder, whether it is trained).
 
     Returns:
         `{"benchmark": "batched", "machine", "settings", "drafter", "rows": [{workload, mode, batch_size,
         prompt_tokens, plain_tokens_per_s, longspark_tokens_per_s, speedup, tau, greedy_identical, ...}]}`.
     """
-    if not batch_sizes or min(batch_sizes) < 1:
-        raise ValueError(f"Batch sizes must be >= 1, got {list(batch_sizes)}.")
+    settings = settings or BatchedSettings()
+    modes, batch_sizes, pad_token_id = settings.modes, settings.batch_sizes, settings.pad_token_id
+    max_new_tokens = settings.max_new_tokens
     device = next(target.parameters()).device
     eos_token_ids = _eos_token_ids(target)
     if pad_token_id is None:
         pad = target.generation_config.pad_token_id
         pad_token_id = pad if pad is not None else (eos_token_ids[0] if eos_token_ids else 0)
     rows = []
-    bar = tqdm(total=len(prompts) * len(modes) * len(batch_sizes), desc="batched", unit="batch", disable=not progress)
+    total = len(prompts) * len(modes) * len(batch_sizes)
+    bar = tqdm(total=total, desc="batched", unit="batch", disable=not settings.progress)
     for workload, items in prompts.items():
         if not items:
             raise ValueError(f"Workload {workload!r} has no prompts.")
         for mode in modes:
-            kwargs = _generate_kwargs(mode, max_new_tokens, pad_token_id, temperature, ignore_eos)
+            kwargs = generate_kwargs(mode, max_new_tokens, settings.temperature, settings.ignore_eos, pad_token_id)
             for batch_size in batch_sizes:
                 bar.set_postfix_str(f"{workload} {mode} batch {batch_size}")
                 input_ids, attention_mask = left_pad_batch(items, batch_size, pad_token_id, device)
-                seconds, outputs = _measure_batch(
-                    target, drafter, input_ids, attention_mask, kwargs, repeats, warmup, seed, device
-                )
+                seconds, outputs = _measure_batch(target, drafter, input_ids, attention_mask, kwargs, settings, device)
                 tokens = {m: sum(new_token_counts(outputs[m][:, input_ids.shape[1] :], eos_token_ids)) for m in METHODS}
                 rate = {m: tokens[m] / seconds[m] for m in METHODS}
                 stats = drafter.drafting_stats
@@ -156,23 +137,15 @@ def run_batched_benchmark(
                 rows.append(row)
                 bar.update(1)
     bar.close()
-    settings = {
-        "batch_sizes": list(batch_sizes),
-        "max_new_tokens": max_new_tokens,
-        "modes": list(modes),
-        "temperature": temperature,
-        "ignore_eos": ignore_eos,
-        "repeats": repeats,
-        "warmup": warmup,
-        "seed": seed,
-        "pad_token_id": pad_token_id,
-        "dtype": str(next(target.parameters()).dtype),
-        "confidence_threshold": drafter.generation_config.assistant_confidence_threshold,
-    }
+    names = ("batch_sizes", "max_new_tokens", "modes", "temperature", "ignore_eos", "repeats", "warmup", "seed")
+    report_settings = {name: getattr(settings, name) for name in names}
+    report_settings.update(batch_sizes=list(batch_sizes), modes=list(modes), pad_token_id=pad_token_id)
+    report_settings["dtype"] = str(next(target.parameters()).dtype)
+    report_settings["confidence_threshold"] = drafter.generation_config.assistant_confidence_threshold
     return {
         "benchmark": "batched",
         "machine": machine_info(device),
-        "settings": settings,
+        "settings": report_settings,
         "drafter": dict(drafter_info or {"block_size": drafter.config.block_size}),
         "rows": rows,
     }

@@ -134,6 +134,21 @@ def count_forward_calls(model: torch.nn.Module) -> Iterator[list[int]]:
         handle.remove()
 
 
+def generate_kwargs(
+    mode: str, max_new_tokens: int, temperature: float, ignore_eos: bool, pad_token_id: int | None
+) -> dict[str, Any]:
+    """`generate`'s decoding arguments: greedy, or (`mode == "sampled"`) plain temperature sampling, with no top-k /
+    top-p truncation; `ignore_eos` forces exactly `max_new_tokens` tokens."""
+    kwargs: dict[str, Any] = dict(max_new_tokens=max_new_tokens, do_sample=mode == "sampled")
+    if pad_token_id is not None:
+        kwargs["pad_token_id"] = pad_token_id
+    if mode == "sampled":
+        kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
+    if ignore_eos:
+        kwargs["min_new_tokens"] = max_new_tokens
+    return kwargs
+
+
 _ABSENT = object()
 
 
@@ -206,16 +221,6 @@ def format_length(tokens: int) -> str:
     return f"{tokens // 1024}K" if tokens % 1024 == 0 else str(tokens)
 
 
-__all__ = [
-    "Timings",
-    "count_forward_calls",
-    "format_length",
-    "generation_config_fields",
-    "machine_info",
-    "measure",
-    "prefill",
-    "synchronize",
-    "time_forward_calls",
-    "timed_call",
-    "write_json",
-]
+__all__ = ["Timings", "count_forward_calls", "format_length", "generate_kwargs", "generation_config_fields",
+           "machine_info", "measure", "prefill", "synchronize", "time_forward_calls", "timed_call",
+           "write_json"]  # fmt: skip

@@ -11,6 +11,7 @@ With the lookup source on (`lookup_min_match`), each length also gets a seeded s
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -24,28 +25,15 @@ from ..configuration_longspark import LongSparkConfig
 from ..inference.generation import LongSparkCandidateGenerator, requests_after
 from ..modeling_longspark import LongSparkDrafterModel
 from .common import generation_config_fields, machine_info, measure, prefill, timed_call
-from .defaults import DEFAULT_PREFIX_LENGTHS, DEFAULT_SYNTHETIC_PREFIX_LENGTHS
-from .lookup_cost import LOOKUP_HISTORY, LOOKUP_NOTES, LOOKUP_ROW_FIELDS, LookupRounds, lookup_fields, lookup_history
+from .lookup_cost import LOOKUP_HISTORY, LOOKUP_NOTES, LOOKUP_ROW_FIELDS, LookupRounds, lookup_history
 from .models import make_full_prefix_drafter
+from .settings import DraftingCostSettings
 
 # Per-length fields: the report keeps one list per field (`prefix_lengths` for `prefix_length`) and a list of rows.
-ROW_FIELDS = (
-    "prefix_length",
-    "longspark_ms",
-    "full_prefix_ms",
-    "longspark_state_bytes",
-    "full_prefix_state_bytes",
-    "longspark_update_ms",
-    "longspark_proposal_ms",
-    "full_prefix_update_ms",
-    "full_prefix_proposal_ms",
-    "longspark_prefill_absorb_ms",
-    "longspark_window_bytes",
-    "full_prefix_state_bytes_formula",
-    "synthetic",
-    "longspark_ms_vs_shortest",
-    "full_prefix_ms_vs_shortest",
-)
+ROW_FIELDS = ("prefix_length", "longspark_ms", "full_prefix_ms", "longspark_state_bytes", "full_prefix_state_bytes",
+              "longspark_update_ms", "longspark_proposal_ms", "full_prefix_update_ms", "full_prefix_proposal_ms",
+              "longspark_prefill_absorb_ms", "longspark_window_bytes", "full_prefix_state_bytes_formula", "synthetic",
+              "longspark_ms_vs_shortest", "full_prefix_ms_vs_shortest")  # fmt: skip
 
 
 def full_prefix_state_bytes(config: LongSparkConfig, num_rows: int, dtype: torch.dtype = torch.float32) -> int:
@@ -246,24 +234,15 @@ def _usable_lengths(lengths, block: int, max_positions: int, allow_extrapolation
 def run_drafting_cost(
     target: PreTrainedModel,
     drafter: LongSparkDrafterModel,
-    prefix_lengths: Sequence[int] = DEFAULT_PREFIX_LENGTHS,
-    rounds: int = 20,
-    warmup: int = 3,
+    settings: DraftingCostSettings | None = None,
     *,
     prefix_ids: Sequence[int] | torch.Tensor | None = None,
-    seed: int = 0,
-    allow_extrapolation: bool = False,
-    prefill_chunk: int = 1024,
-    full_prefix_drafter: LongSparkDrafterModel | None = None,
-    synthetic_prefix_lengths: Sequence[int] = (),
-    lookup_min_match: int = 0,
-    lookup_num_tokens: int | None = None,
-    lookup_new_tokens: int | None = None,
-    progress: bool = False,
 ) -> dict[str, Any]:
     """Per-round drafting time and persistent context-state bytes of LongSpark and the full-prefix baseline.
 
-    For each prefix length `t`: the target prefills `t` tokens (`prefix_ids`, else seeded random ids) into a
+    `settings` (`DraftingCostSettings`, default `DraftingCostSettings()`) names the prefix lengths, the rounds and
+    the lookup source's settings. For each prefix length `t`: the target prefills `t` tokens (`prefix_ids`, ids of
+    at least the longest prefix + 1 tokens, else seeded random ids) into a
     DynamicCache once; then one `LongSparkCandidateGenerator` per drafter, built exactly as `generate` builds
     it, runs `warmup + rounds` drafting rounds on that cache (context update, then proposal of one block of
     `B` greedy tokens). All lengths and both drafters are interleaved in one loop, in an order rotated every
@@ -294,19 +273,18 @@ def run_drafting_cost(
         the same as `rows` (one dict per length); `round_cost_ratio` (longest over shortest prefix, per drafter);
         and metadata.
     """
-    if rounds < 1 or warmup < 0:
-        raise ValueError(f"Need rounds >= 1 and warmup >= 0, got rounds={rounds}, warmup={warmup}.")
+    settings = settings or DraftingCostSettings()
+    rounds, warmup, seed = settings.rounds, settings.warmup, settings.seed
     config = drafter.config
     block = config.block_size
-    lookup = lookup_fields(lookup_min_match, lookup_num_tokens)
-    new_tokens = block + 1 if lookup_new_tokens is None else lookup_new_tokens
-    if new_tokens < 1:
-        raise ValueError(f"lookup_new_tokens must be at least 1, got {new_tokens}.")
+    lookup = settings.lookup_fields()
+    new_tokens = block + 1 if settings.lookup_new_tokens is None else settings.lookup_new_tokens
     text_config = target.config.get_text_config()
     max_positions = text_config.max_position_embeddings
     rope = dict(getattr(text_config, "rope_parameters", None) or {})
-    lengths, skipped = _usable_lengths(prefix_lengths, block, max_positions, allow_extrapolation, rope)
-    synthetic_lengths, synthetic_skipped = _usable_lengths(synthetic_prefix_lengths, block, max_positions, True, rope)
+    usable = functools.partial(_usable_lengths, block=block, max_positions=max_positions, rope=rope)
+    lengths, skipped = usable(settings.prefix_lengths, allow_extrapolation=settings.allow_extrapolation)
+    synthetic_lengths, synthetic_skipped = usable(settings.synthetic_prefix_lengths, allow_extrapolation=True)
     skipped += [{**skip, "synthetic": True} for skip in synthetic_skipped]
     device = next(target.parameters()).device
     generator = torch.Generator().manual_seed(seed)
@@ -318,13 +296,13 @@ def run_drafting_cost(
         prefix_source = "given"
         if lengths and tokens.numel() < max(lengths) + 1:
             raise ValueError(f"prefix_ids has {tokens.numel()} tokens; the longest prefix needs {max(lengths) + 1}.")
-    drafters = {"longspark": drafter, "full_prefix": full_prefix_drafter or make_full_prefix_drafter(drafter)}
+    drafters = {"longspark": drafter, "full_prefix": make_full_prefix_drafter(drafter)}
     prefixes = []
     with torch.no_grad(), generation_config_fields(drafter, lookup):
-        for length in tqdm(lengths, desc="prefill", unit="prefix", disable=not progress):
+        for length in tqdm(lengths, desc="prefill", unit="prefix", disable=not settings.progress):
             input_ids = tokens[: length + 1].to(device)[None]
             gens = _generators(target, drafters, input_ids, bool(lookup))  # all capture the prefill's boundary states
-            cache = prefill(target, input_ids[:, :length], prefill_chunk)
+            cache = prefill(target, input_ids[:, :length], settings.prefill_chunk)
             prefixes.append(_Prefix(length, cache, gens, input_ids, synthetic=False))
         parameter = next(target.parameters())
         for length in synthetic_lengths:
@@ -337,9 +315,9 @@ def run_drafting_cost(
                     gen.session.capture.states[slot] = state
             prefixes.append(_Prefix(length, cache, gens, input_ids, synthetic=True))
         if lookup:
-            for prefix in tqdm(prefixes, desc="lookup index", unit="prefix", disable=not progress):
+            for prefix in tqdm(prefixes, desc="lookup index", unit="prefix", disable=not settings.progress):
                 prefix.add_lookup(text_config.vocab_size, seed + prefix.length, new_tokens, warmup + rounds)
-        rows = _time_all(prefixes, rounds, warmup, device, "drafting rounds" if progress else None)
+        rows = _time_all(prefixes, rounds, warmup, device, "drafting rounds" if settings.progress else None)
     del prefixes
 
     fields = ROW_FIELDS + (LOOKUP_ROW_FIELDS if lookup else ())
@@ -376,11 +354,4 @@ def run_drafting_cost(
     return result
 
 
-__all__ = [
-    "DEFAULT_PREFIX_LENGTHS",
-    "DEFAULT_SYNTHETIC_PREFIX_LENGTHS",
-    "SelectedLayersCache",
-    "full_prefix_state_bytes",
-    "run_drafting_cost",
-    "synthetic_cache",
-]
+__all__ = ["SelectedLayersCache", "full_prefix_state_bytes", "run_drafting_cost", "synthetic_cache"]

@@ -11,16 +11,9 @@ from ..inference.generation import LongSparkCandidateGenerator
 from .common import timed_call
 
 # With the lookup source on: the round with it, its cost over the lookup-off round's, the index per request.
-LOOKUP_ROW_FIELDS = (
-    "longspark_lookup_ms",
-    "longspark_lookup_update_ms",
-    "longspark_lookup_proposal_ms",
-    "longspark_lookup_ms_vs_shortest",
-    "lookup_overhead_ms",
-    "lookup_index_bytes",
-    "lookup_prefill_index_ms",
-    "lookup_hit_rounds",
-)
+LOOKUP_ROW_FIELDS = ("longspark_lookup_ms", "longspark_lookup_update_ms", "longspark_lookup_proposal_ms",
+                     "longspark_lookup_ms_vs_shortest", "lookup_overhead_ms", "lookup_index_bytes",
+                     "lookup_prefill_index_ms", "lookup_hit_rounds")  # fmt: skip
 LOOKUP_HISTORY = "random ids in stretches of 8-64 tokens, 30% of them copies of earlier stretches (lookup_history)"
 LOOKUP_NOTES = (
     " longspark_lookup: the same drafter with its lookup source on; each round adds the round's new tokens (fresh "
@@ -66,13 +59,4 @@ class LookupRounds:
         return self.ids[:, : self.length]
 
 
-def lookup_fields(min_match: int, num_tokens: int | None) -> dict[str, int]:
-    """The drafter's generation-config fields that turn its lookup source on (none when `min_match` is 0)."""
-    if min_match < 0 or (num_tokens is not None and num_tokens < 1):
-        raise ValueError(f"Need lookup_min_match >= 0 and lookup_num_tokens >= 1, got {min_match} and {num_tokens}.")
-    if not min_match:
-        return {}
-    return {"lookup_min_match": min_match, **({} if num_tokens is None else {"lookup_num_tokens": num_tokens})}
-
-
-__all__ = ["LOOKUP_ROW_FIELDS", "LookupRounds", "lookup_fields", "lookup_history"]
+__all__ = ["LOOKUP_ROW_FIELDS", "LookupRounds", "lookup_history"]

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 
 from ..loading import load_drafter, load_target
 from .common import machine_info
+from .settings import MemorySettings
 
 
 def _memory_worker(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -65,31 +66,24 @@ def _memory_worker_main() -> None:
 
 
 def run_memory_benchmark(
-    prompt_lengths: Sequence[int] = (1024, 8192),
-    *,
-    max_new_tokens: int = 16,
-    target: str | None = None,
-    drafter: str | None = None,
-    dtype: str = "float32",
-    num_threads: int | None = 1,
-    seed: int = 0,
-    timeout: float | None = 1800,
-    progress: bool = False,
+    target: str | None = None, drafter: str | None = None, settings: MemorySettings | None = None
 ) -> dict[str, Any]:
     """The drafter's extra peak memory over plain `generate`, at each prompt length (CPU, peak RSS).
 
-    Each configuration (plain / assisted x prompt length) runs in a fresh subprocess that loads the target (a local
-    checkpoint path, or the SmolLM2 demo target when None) and, if assisted, the drafter (`drafter` path, else the
-    default one of :func:`load_drafter`), records `ru_maxrss` after loading, generates `max_new_tokens`
-    greedy tokens from a seeded random prompt of that length, and records `ru_maxrss` again. `progress` shows a bar
-    of the processes on stderr.
+    Each configuration (plain / assisted x prompt length of `settings`, a `MemorySettings`) runs in a fresh
+    subprocess that loads the target (`target`, a local checkpoint path, or the SmolLM2 demo target when None) and, if
+    assisted, the drafter (`drafter` path, else the default one of :func:`load_drafter`), records `ru_maxrss` after
+    loading, generates `max_new_tokens` greedy tokens from a seeded random prompt of that length, and records
+    `ru_maxrss` again.
 
     Returns, per length: both peaks, `extra_peak_mib` (assisted - plain peak, drafter weights included) and
     `extra_runtime_mib` ((assisted peak - its after-load RSS) - (plain peak - its after-load RSS)); and
     `extra_peak_growth_mib`, the change of the extra from the shortest to the longest prompt.
     """
+    settings = settings or MemorySettings()
+    prompt_lengths, max_new_tokens, num_threads = settings.prompt_lengths, settings.max_new_tokens, settings.num_threads
     runs = []
-    bar = tqdm(total=2 * len(prompt_lengths), desc="memory", unit="process", disable=not progress)
+    bar = tqdm(total=2 * len(prompt_lengths), desc="memory", unit="process", disable=not settings.progress)
     command = "from transformers_longspark.benchmarks.memory import _memory_worker_main; _memory_worker_main()"
     for length in prompt_lengths:
         for mode in ("plain", "assisted"):
@@ -99,9 +93,9 @@ def run_memory_benchmark(
                 max_new_tokens=max_new_tokens,
                 target=target,
                 drafter=None if drafter is None else str(drafter),
-                dtype=dtype,
+                dtype=settings.dtype,
                 num_threads=num_threads,
-                seed=seed,
+                seed=settings.seed,
             )
             # A fixed mmap threshold stops glibc from serving large tensors out of its heap, whose fragmentation
             # would otherwise keep freed memory in the RSS: peak RSS then tracks the live tensors of each method.
@@ -110,7 +104,7 @@ def run_memory_benchmark(
                 [sys.executable, "-c", command, json.dumps(spec)],
                 capture_output=True,
                 text=True,
-                timeout=timeout,
+                timeout=settings.timeout,
                 env=env,
             )
             lines = [line for line in completed.stdout.splitlines() if line.startswith("MEMORY-RESULT ")]

@@ -16,7 +16,7 @@ from transformers import PreTrainedModel, Qwen3Config, Qwen3ForCausalLM
 
 from ..configuration_longspark import LongSparkConfig
 from ..modeling_longspark import LongSparkDrafterModel
-from .defaults import SYNTHETIC_TARGETS
+from .settings import SYNTHETIC_TARGETS
 
 
 def make_full_prefix_drafter(drafter: LongSparkDrafterModel) -> LongSparkDrafterModel:
@@ -76,10 +76,4 @@ def build_random_drafter(target: PreTrainedModel, seed: int = 0, **overrides: An
     return drafter.eval().requires_grad_(False)
 
 
-__all__ = [
-    "SYNTHETIC_TARGETS",
-    "build_random_drafter",
-    "build_synthetic_target",
-    "make_full_prefix_drafter",
-    "synthetic_target_config",
-]
+__all__ = ["build_random_drafter", "build_synthetic_target", "make_full_prefix_drafter", "synthetic_target_config"]

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..training.corpora import HELD_OUT_PERCENT, is_held_out
-from .defaults import DEFAULT_LONG_LENGTHS, HELD_OUT_DIR, SHORT_SOURCES
+from .settings import DEFAULT_LONG_LENGTHS, HELD_OUT_DIR, SHORT_SOURCES
 
 
 def chat_prompt_ids(tokenizer, messages: Sequence[Mapping[str, str]]) -> list[int]:
@@ -140,12 +140,4 @@ def long_context_prompts(
     return prompts
 
 
-__all__ = [
-    "DEFAULT_LONG_LENGTHS",
-    "HELD_OUT_DIR",
-    "SHORT_SOURCES",
-    "chat_prompt_ids",
-    "long_context_prompts",
-    "short_prompts",
-    "stdlib_token_ids",
-]
+__all__ = ["chat_prompt_ids", "long_context_prompts", "short_prompts", "stdlib_token_ids"]

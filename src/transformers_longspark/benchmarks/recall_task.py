@@ -31,7 +31,7 @@ from ..inference.stats import DraftingStats, tau
 from ..modeling_longspark import LongSparkDrafterModel
 from ..training.data import Sequence
 from ..training.distillation import sample_anchors, sequence_loss
-from .defaults import DRAFTER_ALONE, WHOLE_BLOCKS
+from .settings import DRAFTER_ALONE, WHOLE_BLOCKS
 
 # The drafter's context views that the ablations switch off (paper, Table 4), by variant name.
 VARIANTS: dict[str, dict[str, bool]] = {
@@ -297,16 +297,6 @@ def format_ablation(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = [
-    "PAPER_ABLATION",
-    "TRAINING_OPTIONS",
-    "VARIANTS",
-    "RecallLanguage",
-    "format_ablation",
-    "log_uniform_distances",
-    "recall_acceptance",
-    "recall_drafter",
-    "tiny_target",
-    "train_drafter",
-    "train_target",
-]
+__all__ = ["PAPER_ABLATION", "TRAINING_OPTIONS", "VARIANTS", "RecallLanguage", "format_ablation",
+           "log_uniform_distances", "recall_acceptance", "recall_drafter", "tiny_target", "train_drafter",
+           "train_target"]  # fmt: skip

@@ -323,11 +323,5 @@ def format_memory(result: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = [
-    "format_drafting_cost",
-    "format_markdown",
-    "format_memory",
-    "format_verify_cost",
-    "plot_drafting_cost",
-    "plot_verify_cost",
-]
+__all__ = ["format_drafting_cost", "format_markdown", "format_memory", "format_verify_cost", "plot_drafting_cost",
+           "plot_verify_cost"]  # fmt: skip

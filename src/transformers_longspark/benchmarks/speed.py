@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -42,14 +42,12 @@ from ..inference.knobs import DraftingKnobs
 from ..inference.verification import fast_verification
 from ..modeling_longspark import LongSparkDrafterModel
 from ..packed_linear import drafter_linear_dtype
-from .common import generation_config_fields, machine_info, time_forward_calls, timed_call
-from .defaults import DRAFTER_METHODS, METHODS, MODES, PLAIN_METHODS
+from .common import generate_kwargs, generation_config_fields, machine_info, time_forward_calls, timed_call
 from .models import make_full_prefix_drafter
 from .prompts import chat_prompt_ids
-from .speed_summary import METHOD_LABELS, add_round_costs, add_speedups, new_tokens_from_round_log, summarize_runs
+from .settings import DRAFTER_METHODS, DRAFTER_SWITCHES, METHODS, PLAIN_METHODS, SpeedSettings
+from .speed_summary import add_round_costs, add_speedups, summarize_runs
 
-# Which methods run in which decoding mode by default (the full-prefix baseline is measured greedily).
-DEFAULT_METHODS = {"greedy": METHODS, "sampled": tuple(m for m in METHODS if m != "full_prefix")}
 # Methods without a drafter that `generate` runs inside `fast_verification`, with a cache of reserved rows.
 FAST_PATH_METHODS = ("plain_fast", "prompt_lookup_fast")
 # Devices on which `generate` compiles the decoding step of a static cache (transformers'
@@ -59,10 +57,6 @@ AUTO_COMPILE_DEVICES = ("cuda", "xpu", "neuron", "tpu")
 
 Prompt = Mapping[str, Any]
 """A benchmark prompt: `{"name": str, "input_ids": list[int], ...metadata}`."""
-
-
-# The drafter attributes a method may set (`drafter_settings`), with what they are outside one.
-DRAFTER_SWITCHES = {"fast_verification": True, "packed_weights": True, "linear_dtype": "auto"}
 
 
 @contextlib.contextmanager
@@ -77,28 +71,13 @@ def drafter_settings(drafter: LongSparkDrafterModel, settings: Mapping[str, Any]
         if name == "linear_dtype" and isinstance(value, str) and value != "auto":
             value = getattr(torch, value, value)  # "qint8" -> torch.qint8; a wrong name is refused by generate
         setattr(drafter, name, value)
-    fields = {name: value for name, value in settings.items() if name not in switches}
+    config_fields = {name: value for name, value in settings.items() if name not in switches}
     try:
-        with generation_config_fields(drafter, fields):
+        with generation_config_fields(drafter, config_fields):
             yield
     finally:
         for name, value in previous.items():
             setattr(drafter, name, value)
-
-
-def check_variant(name: str, settings: Mapping[str, Any]) -> dict[str, Any]:
-    """`settings` of the variant `name`, checked before any forward: a new name, known keys, valid knob values."""
-    if name in METHODS:
-        raise ValueError(f"Variant name {name!r} is a method already; name the variant for what it changes.")
-    knobs = {field.name for field in fields(DraftingKnobs)}
-    unknown = sorted(set(settings) - knobs - set(DRAFTER_SWITCHES))
-    if unknown:
-        raise ValueError(
-            f"Variant {name!r}: unknown settings {unknown}; use fields of the drafter's generation config "
-            f"({', '.join(sorted(knobs))}) or {', '.join(DRAFTER_SWITCHES)}."
-        )
-    DraftingKnobs(**{key: value for key, value in settings.items() if key in knobs})  # raises naming a bad value
-    return dict(settings)
 
 
 def _as_prompt(prompt: Any, tokenizer, index: int) -> dict[str, Any]:
@@ -127,23 +106,15 @@ class _Runner:
     drafters: dict[str, LongSparkDrafterModel]
     drafter_settings: dict[str, dict[str, Any]]
     pad_token_id: int | None
-    temperature: float
-    prompt_lookup_num_tokens: int
-    ignore_eos: bool
+    settings: SpeedSettings
     static_cache_len: int | None  # None: each static cache sized for its own call
 
     def generate_kwargs(self, method: str, mode: str, max_new_tokens: int) -> dict[str, Any]:
         """`generate`'s keyword arguments for one call of `method` in `mode`."""
-        kwargs: dict[str, Any] = dict(max_new_tokens=max_new_tokens, do_sample=mode == "sampled")
-        if self.pad_token_id is not None:
-            kwargs["pad_token_id"] = self.pad_token_id
-        if mode == "sampled":
-            # Plain temperature sampling: no top-k / top-p truncation.
-            kwargs.update(temperature=self.temperature, top_k=0, top_p=1.0)
-        if self.ignore_eos:
-            kwargs["min_new_tokens"] = max_new_tokens
+        settings = self.settings
+        kwargs = generate_kwargs(mode, max_new_tokens, settings.temperature, settings.ignore_eos, self.pad_token_id)
         if method in ("prompt_lookup", "prompt_lookup_fast"):
-            kwargs["prompt_lookup_num_tokens"] = self.prompt_lookup_num_tokens
+            kwargs["prompt_lookup_num_tokens"] = settings.prompt_lookup_num_tokens
         elif method in self.drafters:
             kwargs["assistant_model"] = self.drafters[method]
         elif method == "plain_static":
@@ -205,28 +176,6 @@ class _Runner:
         return run
 
 
-def _methods_per_mode(
-    modes: Sequence[str], methods: Mapping[str, Sequence[str]] | Sequence[str] | None, variants: Sequence[str]
-) -> dict[str, list[str]]:
-    """The methods of each mode: the defaults (and every variant), or the given ones, with `plain` first."""
-    for mode in modes:
-        if mode not in MODES:
-            raise ValueError(f"Unknown mode {mode!r}; choose from {', '.join(MODES)}.")
-    if methods is None:
-        per_mode = {mode: [*DEFAULT_METHODS[mode], *variants] for mode in modes}
-    elif isinstance(methods, Mapping):
-        per_mode = {mode: list(methods.get(mode, ())) for mode in modes}
-    else:
-        per_mode = {mode: list(methods) for mode in modes}
-    for mode in modes:
-        unknown = [m for m in per_mode[mode] if m not in METHODS and m not in variants]
-        if unknown:
-            raise ValueError(f"Unknown methods {unknown}; choose from {', '.join([*METHODS, *variants])}.")
-        if "plain" not in per_mode[mode]:
-            per_mode[mode].insert(0, "plain")  # the reference of speedups and of greedy losslessness
-    return per_mode
-
-
 def _run_prompts(runner: _Runner, items, names, mode: str, max_new_tokens: int, seed: int, bar, workload: str):
     """Runs every method of `names` on every prompt of `items`, back to back per prompt in an order rotated from
     prompt to prompt (A/B/A/B interleaving). Greedy runs are compared with plain `generate`'s output
@@ -253,36 +202,19 @@ def run_speed_benchmark(
     tokenizer,
     drafter: LongSparkDrafterModel,
     prompts: Mapping[str, Sequence[Any]] | Sequence[Any],
-    max_new_tokens: int = 128,
+    settings: SpeedSettings | None = None,
     *,
-    modes: Sequence[str] = MODES,
-    methods: Mapping[str, Sequence[str]] | Sequence[str] | None = None,
-    temperature: float = 1.0,
-    prompt_lookup_num_tokens: int = 7,
-    variants: Mapping[str, Mapping[str, Any]] | None = None,
-    ignore_eos: bool = False,
-    warmup: bool = True,
-    seed: int = 0,
-    full_prefix_drafter: LongSparkDrafterModel | None = None,
     drafter_info: Mapping[str, Any] | None = None,
-    progress: bool = False,
 ) -> dict[str, Any]:
     """The plain paths, prompt lookup, LongSpark and the full-prefix drafter, side by side on the same prompts.
 
     Args:
+        tokenizer: chat-templates `messages` prompts and tokenizes text ones (None when every prompt is token ids).
         prompts: `{workload: [prompt, ...]}` or one list (workload `"prompts"`). A prompt is a dict with
             `input_ids` (and optional `name`/metadata) or `messages` (chat-templated with `tokenizer`), a
-            string, a 1-D tensor or a list of token ids.
-        modes: `"greedy"` and/or `"sampled"` (temperature `temperature`, no top-k/top-p).
-        methods: per mode (`{"greedy": [...], "sampled": [...]}`) or for every mode, from `METHODS` and the
-            variants; default `DEFAULT_METHODS` (every method, the full-prefix baseline greedy only) and every
-            variant. `"plain"` is always added.
-        variants: `{name: settings}`: LongSpark with these settings changed (`drafter_settings`), each one more
-            method of the run.
-        ignore_eos: force exactly `max_new_tokens` tokens (`min_new_tokens`) for equal-length runs.
-        warmup: run every (mode, method) once, untimed, on the first prompt before measuring.
-        seed: sampled runs of prompt `i` start from the RNG seed `seed + i` for every method.
-        progress: show a progress bar of the runs on stderr.
+            string, a 1-D tensor `(t,)` or a list of token ids.
+        settings: modes, methods, variants, new tokens, ... (`SpeedSettings`; default `SpeedSettings()`).
+        drafter_info: what the report says of the drafter (its folder, whether it is trained).
 
     Per prompt, the methods run back to back in an order rotated from prompt to prompt (A/B/A/B interleaving).
     Speedups are over plain `generate` and over the fastest plain path measured (`speed_summary.add_speedups`).
@@ -291,44 +223,32 @@ def run_speed_benchmark(
         `{"machine", "settings", "drafter", "workloads": {name: {"prompts": [...], mode: {"methods": {method:
         summary}, "runs": [...]}}}, "rows": [flat summaries with workload and mode]}`.
     """
-    if isinstance(prompts, Mapping):
-        workloads = {name: list(items) for name, items in prompts.items()}
-    else:
-        workloads = {"prompts": list(prompts)}
-    workloads = {
-        name: [_as_prompt(p, tokenizer, i) for i, p in enumerate(items)] for name, items in workloads.items() if items
-    }
+    settings = settings or SpeedSettings()
+    workloads = dict(prompts) if isinstance(prompts, Mapping) else {"prompts": prompts}
+    workloads = {name: [_as_prompt(p, tokenizer, i) for i, p in enumerate(items)] for name, items in workloads.items()}
+    workloads = {name: items for name, items in workloads.items() if items}
     if not workloads:
         raise ValueError("No prompts to benchmark.")
-    variants = {name: check_variant(name, settings) for name, settings in (variants or {}).items()}
-    per_mode = _methods_per_mode(modes, methods, list(variants))
+    modes, max_new_tokens, seed, variants = settings.modes, settings.max_new_tokens, settings.seed, settings.variants
+    per_mode = settings.methods_per_mode()
     device = next(target.parameters()).device
     drafters = {name: drafter for name in [*DRAFTER_METHODS, *variants] if name != "full_prefix"}
     if any("full_prefix" in names for names in per_mode.values()):
-        drafters["full_prefix"] = full_prefix_drafter or make_full_prefix_drafter(drafter)
+        drafters["full_prefix"] = make_full_prefix_drafter(drafter)
     pad_token_id = target.generation_config.pad_token_id
     if pad_token_id is None:
         eos = target.generation_config.eos_token_id
         pad_token_id = eos[0] if isinstance(eos, list) else eos
     longest = max(len(p["input_ids"]) for items in workloads.values() for p in items)
-    runner = _Runner(
-        target=target,
-        device=device,
-        drafters=drafters,
-        drafter_settings={**DRAFTER_METHODS, **variants},
-        pad_token_id=pad_token_id,
-        temperature=temperature,
-        prompt_lookup_num_tokens=prompt_lookup_num_tokens,
-        ignore_eos=ignore_eos,
-        static_cache_len=longest + max_new_tokens if device.type in AUTO_COMPILE_DEVICES else None,
-    )
+    static_cache_len = longest + max_new_tokens if device.type in AUTO_COMPILE_DEVICES else None
+    methods_settings = {**DRAFTER_METHODS, **variants}
+    runner = _Runner(target, device, drafters, methods_settings, pad_token_id, settings, static_cache_len)
 
     num_runs = sum(len(items) * len(per_mode[mode]) for items in workloads.values() for mode in modes)
-    num_warmups = sum(len(per_mode[mode]) for mode in modes) if warmup else 0
-    bar = tqdm(total=num_warmups + num_runs, desc="speed", unit="run", disable=not progress)
-    if warmup:
-        first = next(iter(workloads.values()))[0]
-        input_ids = torch.tensor([first["input_ids"]], device=device)
+    num_warmups = sum(len(per_mode[mode]) for mode in modes) if settings.warmup else 0
+    bar = tqdm(total=num_warmups + num_runs, desc="speed", unit="run", disable=not settings.progress)
+    if settings.warmup:
+        input_ids = torch.tensor([next(iter(workloads.values()))[0]["input_ids"]], device=device)
         for mode in modes:
             for method in per_mode[mode]:
                 bar.set_postfix_str(f"warm-up {mode} {method}")
@@ -362,12 +282,12 @@ def run_speed_benchmark(
             "max_new_tokens": max_new_tokens,
             "modes": list(modes),
             "methods": per_mode,
-            "temperature": temperature,
-            "prompt_lookup_num_tokens": prompt_lookup_num_tokens,
-            "variants": {name: _json_settings(settings) for name, settings in variants.items()},
-            "static_cache_len": runner.static_cache_len or "per call",
-            "ignore_eos": ignore_eos,
-            "warmup": warmup,
+            "temperature": settings.temperature,
+            "prompt_lookup_num_tokens": settings.prompt_lookup_num_tokens,
+            "variants": {name: _json_settings(changed) for name, changed in variants.items()},
+            "static_cache_len": static_cache_len or "per call",
+            "ignore_eos": settings.ignore_eos,
+            "warmup": settings.warmup,
             "seed": seed,
             "dtype": str(next(target.parameters()).dtype),
             "target": getattr(target.config, "_name_or_path", "") or type(target).__name__,
@@ -391,18 +311,3 @@ def _planned_costs(target: PreTrainedModel, drafter: LongSparkDrafterModel) -> d
     calibrated = costs_for_generate(target, drafter)
     costs = calibrated or DraftingKnobs.from_generation_config(drafter.generation_config).costs
     return {"source": "calibration" if calibrated else "generation_config", **asdict(costs)}
-
-
-__all__ = [
-    "DEFAULT_METHODS",
-    "DRAFTER_METHODS",
-    "METHODS",
-    "METHOD_LABELS",
-    "MODES",
-    "PLAIN_METHODS",
-    "add_speedups",
-    "drafter_settings",
-    "new_tokens_from_round_log",
-    "run_speed_benchmark",
-    "summarize_runs",
-]

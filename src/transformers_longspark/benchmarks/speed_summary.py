@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..inference.stats import DraftingStats, tau
-from .defaults import PLAIN_METHODS
+from .settings import PLAIN_METHODS
 
 METHOD_LABELS = {
     "plain": "plain generate",
@@ -160,12 +160,5 @@ def add_speedups(summaries: Mapping[str, dict[str, Any]]) -> None:
             summary[best_field] = best
 
 
-__all__ = [
-    "METHOD_LABELS",
-    "add_round_costs",
-    "add_speedups",
-    "best_plain_method",
-    "merge_histograms",
-    "new_tokens_from_round_log",
-    "summarize_runs",
-]
+__all__ = ["METHOD_LABELS", "add_round_costs", "add_speedups", "best_plain_method", "merge_histograms",
+           "new_tokens_from_round_log", "summarize_runs"]  # fmt: skip

@@ -23,7 +23,7 @@ from ..inference.calibration import calibrated_costs
 from ..inference.planning import RoundCosts
 from ..inference.stats import DraftingStats, tau
 from .common import machine_info
-from .defaults import DRAFTER_ALONE, WHOLE_BLOCKS
+from .settings import TauSettings
 
 FRESH_DRAFTERS = ("warm-start", "random")
 
@@ -55,29 +55,26 @@ def run_tau_benchmark(
     target,
     drafters: Mapping[str, Any],
     prompts: Mapping[str, Sequence[Mapping[str, Any]]],
-    max_new_tokens: int,
-    whole_blocks: bool = False,
-    drafter_alone: bool = False,
-    progress: bool = True,
+    settings: TauSettings | None = None,
 ) -> dict[str, Any]:
     """`{"rows": [{workload, drafter, prompts, new_tokens, rounds, tau, acceptance_rates, accepted_histogram,
-    greedy_identical}], ...}` for every workload of `prompts` and every drafter of `drafters` (name -> model).
-    `whole_blocks` drafts whole blocks (confidence thresholds 0), as the drafter was trained; `drafter_alone` turns
-    the lookup source and the cost model off, so that every round drafts.
+    greedy_identical}], ...}` for every workload of `prompts` (`{workload: [{"input_ids": [...], ...}]}`) and every
+    drafter of `drafters` (name -> model), at `settings` (`TauSettings`, default `TauSettings()`).
 
     `tokens_per_step` prices every round with the drafter's calibrated costs on this machine (`calibrated_costs`,
     reported as `costs`): `(new tokens - prompts) / sum of (1 + verify_cost(proposed) + drafter_cost(length))` over
     the rounds, a drafter round costing `draft_round_cost` and a lookup round nothing; with all costs 0 it is tau."""
+    settings = settings or TauSettings()
+    max_new_tokens = settings.max_new_tokens
     device = next(target.parameters()).device
     rows = []
-    bar = tqdm(total=sum(len(items) for items in prompts.values()) * len(drafters), disable=not progress)
+    bar = tqdm(total=sum(len(items) for items in prompts.values()) * len(drafters), disable=not settings.progress)
     for workload, items in prompts.items():
         outputs: dict[str, list[list[int]]] = {}
         workload_rows = []
         for name, drafter in drafters.items():
             costs = calibrated_costs(target, drafter)
-            settings = {**(WHOLE_BLOCKS if whole_blocks else {}), **(DRAFTER_ALONE if drafter_alone else {})}
-            for field, value in settings.items():
+            for field, value in settings.drafter_fields().items():
                 setattr(drafter.generation_config, field, value)
             total, new_tokens, cost_steps, outputs[name] = DraftingStats(), 0, 0.0, []
             for prompt in items:
@@ -121,8 +118,8 @@ def run_tau_benchmark(
         "prompts": {workload: [p.get("name") for p in items] for workload, items in prompts.items()},
         "settings": {
             "max_new_tokens": max_new_tokens,
-            "whole_blocks": whole_blocks,
-            "drafter_alone": drafter_alone,
+            "whole_blocks": settings.whole_blocks,
+            "drafter_alone": settings.drafter_alone,
             "do_sample": False,
         },
         "machine": machine_info(device),

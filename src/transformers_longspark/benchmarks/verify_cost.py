@@ -10,7 +10,6 @@ speculation has to beat.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -20,7 +19,7 @@ from transformers import DynamicCache, PreTrainedModel
 from ..inference.verification import fast_verification, reserve_cache_rows
 from ..transformers_private import attention_implementation
 from .common import machine_info, measure, prefill, timed_call
-from .defaults import DEFAULT_NUM_TOKENS, DEFAULT_VERIFY_PREFIX_LENGTHS
+from .settings import VerifyCostSettings
 
 PATHS = ("stock", "longspark")
 
@@ -66,20 +65,11 @@ def _time_forwards(target, caches, ids, length: int, counts, repeats: int, warmu
     return medians
 
 
-def run_verify_cost(
-    target: PreTrainedModel,
-    prefix_lengths: Sequence[int] = DEFAULT_VERIFY_PREFIX_LENGTHS,
-    num_tokens: Sequence[int] = DEFAULT_NUM_TOKENS,
-    repeats: int = 7,
-    warmup: int = 2,
-    *,
-    prefill_chunk: int = 2048,
-    seed: int = 0,
-    progress: bool = False,
-) -> dict[str, Any]:
+def run_verify_cost(target: PreTrainedModel, settings: VerifyCostSettings | None = None) -> dict[str, Any]:
     """Milliseconds of one cached target forward of `k` tokens after `t` cached rows, stock vs fast path.
 
-    For each prefix length `t`: seeded random ids are prefilled once (stock, `prefill_chunk` tokens per forward) into
+    `settings`: `VerifyCostSettings` (default `VerifyCostSettings()`). For each prefix length `t` of its
+    `prefix_lengths`: seeded random ids are prefilled once (stock, `prefill_chunk` tokens per forward) into
     a `DynamicCache`, whose rows are copied into a reserved-rows cache for the fast path. Then for each `k` in
     `num_tokens`, `forward(k tokens)` (logits of all `k`, as verification computes them) is timed on each path,
     interleaved per repeat so that machine noise hits both alike; before each forward, untimed, `cache.crop(-k)` drops
@@ -92,10 +82,9 @@ def run_verify_cost(
         `ratio_to_stock_one_token` (`longspark_ms[i][j] / stock_ms[i][k=1]`, `None` without `k = 1` among
         `num_tokens`), `stock_ratio_to_stock_one_token`, `prefill_ms` (stock prefill per prefix) and metadata.
     """
-    lengths = sorted({int(t) for t in prefix_lengths})
-    counts = sorted({int(k) for k in num_tokens})
-    if not lengths or not counts or min(lengths) < 1 or min(counts) < 1:
-        raise ValueError(f"Need positive prefix lengths and token counts, got {prefix_lengths} and {num_tokens}.")
+    settings = settings or VerifyCostSettings()
+    repeats, warmup, progress = settings.repeats, settings.warmup, settings.progress
+    lengths, counts = sorted(set(settings.prefix_lengths)), sorted(set(settings.num_tokens))
     config = target.config.get_text_config()
     attention = attention_implementation(target.config)
     if attention != "sdpa":
@@ -105,7 +94,7 @@ def run_verify_cost(
             stacklevel=2,
         )
     device = next(target.parameters()).device
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(settings.seed)
     result: dict[str, Any] = {
         "prefix_lengths": lengths,
         "num_tokens": counts,
@@ -116,7 +105,7 @@ def run_verify_cost(
     with torch.no_grad():
         for length in tqdm(lengths, desc="verify-cost", unit="prefix", disable=not progress):
             ids = torch.randint(0, config.vocab_size, (1, length + max(counts)), generator=generator).to(device)
-            seconds, stock = timed_call(prefill, target, ids[:, :length], prefill_chunk, device=device)
+            seconds, stock = timed_call(prefill, target, ids[:, :length], settings.prefill_chunk, device=device)
             result["prefill_ms"].append(1000.0 * seconds)
             caches = {"stock": stock, "longspark": reserved_copy(stock, target.config, length + max(counts))}
             del stock
@@ -136,7 +125,7 @@ def run_verify_cost(
         benchmark="verify-cost",
         repeats=repeats,
         warmup=warmup,
-        prefill_chunk=prefill_chunk,
+        prefill_chunk=settings.prefill_chunk,
         attn_implementation=attention,
         max_position_embeddings=config.max_position_embeddings,
         dtype=str(next(target.parameters()).dtype),
@@ -152,4 +141,4 @@ def run_verify_cost(
     return result
 
 
-__all__ = ["DEFAULT_NUM_TOKENS", "DEFAULT_VERIFY_PREFIX_LENGTHS", "reserved_copy", "run_verify_cost"]
+__all__ = ["reserved_copy", "run_verify_cost"]
