@@ -1,25 +1,16 @@
 """Benchmarks: decoding speed side by side, drafting and verification cost vs prefix length, drafter peak memory.
 
-Each is a Python function and a `longspark bench` subcommand:
+Each is a Python function and a `longspark bench` subcommand (what each measures: its module's docstring):
 
-* `run_speed_benchmark` (`longspark bench` / `longspark bench speed`): plain greedy and sampled `generate` (stock,
-  on the fast verification path and with a static cache), prompt lookup (stock and on the fast verification path),
-  LongSpark (as shipped, lookup source off and on, fast and stock verification) and the full-prefix baseline drafter
-  on the same prompts in one process, interleaved per prompt so that machine noise hits every method alike. Reports
-  tau, tokens/s, speedup over plain `generate` of the same mode and over the fastest plain path, time per output
-  token, drafting and verification time per round, lookup rounds, per-position acceptance and greedy losslessness.
-* `run_drafting_cost` (`longspark bench drafting-cost`): per-round drafting time and persistent drafter context-state
-  bytes vs prefix length, LongSpark (fixed) vs the full-prefix baseline (grows), on real-target prefixes and on
-  synthetic caches up to 128K; with `--lookup`, also the round with the lookup source's index update and query, and
-  the index bytes per request.
-* `run_verify_cost` (`longspark bench verify-cost`): one cached target forward of `k` tokens vs prefix length,
-  transformers' stock path vs `verification.fast_verification`.
-* `run_tau_benchmark` (`longspark bench tau`): held-out greedy tau and per-position acceptance of several drafters
-  (`--drafter NAME=FOLDER`, or `NAME=warm-start` / `NAME=random`) on the same prompts; greedy outputs checked equal.
-* `run_batched_benchmark` (`longspark bench --batch-sizes 1 2 4 8`): plain batched `generate` vs LongSpark batched
-  `generate` (`inference/batched.py`) per batch size, on left-padded batches of the short and long prompts.
-* `run_memory_benchmark` (`longspark bench memory`): peak RSS of plain vs assisted `generate` at several prompt
-  lengths, each measured in a fresh subprocess.
+* `run_speed_benchmark` (`longspark bench` / `bench speed`, `speed.py`): the plain paths, prompt lookup, LongSpark (and
+  what each of its sources adds, and A/B variants) and the full-prefix drafter on the same prompts, interleaved.
+* `run_batched_benchmark` (`bench --batch-sizes 1 2 4 8`, `batched.py`): plain vs LongSpark batched `generate`.
+* `run_drafting_cost` (`bench drafting-cost`, `drafting_cost.py`): drafting time per round and drafter context-state
+  bytes vs prefix length, LongSpark (fixed) vs the full-prefix baseline (grows), up to 128K on synthetic caches.
+* `run_verify_cost` (`bench verify-cost`, `verify_cost.py`): one cached target forward of `k` tokens vs prefix
+  length, transformers' stock path vs `verification.fast_verification`.
+* `run_tau_benchmark` (`bench tau`, `tau.py`): held-out greedy tau and per-position acceptance of several drafters.
+* `run_memory_benchmark` (`bench memory`, `memory.py`): peak RSS of plain vs assisted `generate`, fresh processes.
 
 `--synthetic-target qwen3-8b` (also 4b, 14b) times drafting and verification on a random-weight target of the real
 shapes, built directly on `--device` in `--dtype`: see `scripts/gpu_benchmarks.sh`.

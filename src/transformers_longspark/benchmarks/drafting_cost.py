@@ -242,27 +242,19 @@ def run_drafting_cost(
 
     `settings` (`DraftingCostSettings`, default `DraftingCostSettings()`) names the prefix lengths, the rounds and
     the lookup source's settings. For each prefix length `t`: the target prefills `t` tokens (`prefix_ids`, ids of
-    at least the longest prefix + 1 tokens, else seeded random ids) into a
-    DynamicCache once; then one `LongSparkCandidateGenerator` per drafter, built exactly as `generate` builds
-    it, runs `warmup + rounds` drafting rounds on that cache (context update, then proposal of one block of
-    `B` greedy tokens). All lengths and both drafters are interleaved in one loop, in an order rotated every
-    round. Each LongSpark round folds `B + 1` rows into the global summary, as a round that accepts a whole block
-    does (the rows are the cache's last ones; only the timing is meaningful). Times are medians over the `rounds`
-    measured rounds.
+    at least the longest prefix + 1 tokens, else seeded random ids) into a DynamicCache once; then one
+    `LongSparkCandidateGenerator` per drafter, built exactly as `generate` builds it, runs `warmup + rounds`
+    drafting rounds on that cache (context update, then proposal of one block of `B` greedy tokens), all lengths and
+    drafters interleaved in one loop, the order rotated every round. Each LongSpark round folds `B + 1` rows into the
+    global summary, as a round that accepts a whole block does. Times are medians over the measured rounds.
 
     Prefixes longer than the target's `max_position_embeddings` are skipped (listed in `skipped`) unless
-    `allow_extrapolation`: e.g. SmolLM2-135M has 8192 positions and plain RoPE (`rope_type="default"`, no
-    scaling), so 8192 is its longest prefix. `synthetic_prefix_lengths` are timed on a synthetic cache (random
-    K/V in the selected layers only, random boundary states; see `synthetic_cache`), at any length. `progress` shows
-    progress bars on stderr.
-
-    With `lookup_min_match > 0` (and `lookup_num_tokens`, default the block size), a third generator,
-    `longspark_lookup`, runs with the drafter's lookup source on. Per length, its `SuffixIndex` first indexes a
-    seeded synthetic history of `t + 1` tokens (`lookup_history`; timed once as `lookup_prefill_index_ms`, as the
-    first round after a prefill indexes the prompt; `lookup_index_bytes` is its `nbytes`); then each of its rounds
-    is the real one: the context update, then `propose_blocks`, which adds the round's `lookup_new_tokens` committed
-    tokens (default `B + 1`, fresh random ids) to the index, queries it and, on a miss (`lookup_hit_rounds` counts
-    the others), drafts the block.
+    `allow_extrapolation` (SmolLM2-135M: 8192 positions, plain RoPE). `synthetic_prefix_lengths` are timed on a
+    synthetic cache (`synthetic_cache`), at any length. With `lookup_min_match > 0`, a third generator,
+    `longspark_lookup`, runs the real round with the lookup source on, after indexing a seeded synthetic history of
+    `t + 1` tokens (`lookup_history`, timed once as `lookup_prefill_index_ms`; `lookup_index_bytes` its `nbytes`);
+    each round adds `lookup_new_tokens` fresh tokens to the index, queries it and drafts the block on a miss
+    (`lookup_hit_rounds` counts the others).
 
     Returns:
         One list per field of `ROW_FIELDS` (`prefix_lengths`, `longspark_ms`, `full_prefix_ms` (median ms per

@@ -85,28 +85,16 @@ def run_memory_benchmark(
     runs = []
     bar = tqdm(total=2 * len(prompt_lengths), desc="memory", unit="process", disable=not settings.progress)
     command = "from transformers_longspark.benchmarks.memory import _memory_worker_main; _memory_worker_main()"
+    worker = dict(max_new_tokens=max_new_tokens, target=target, drafter=None if drafter is None else str(drafter),
+                  dtype=settings.dtype, num_threads=num_threads, seed=settings.seed)  # fmt: skip
+    # A fixed mmap threshold stops glibc from serving large tensors out of its heap, whose fragmentation would
+    # otherwise keep freed memory in the RSS: peak RSS then tracks the live tensors of each method.
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
     for length in prompt_lengths:
         for mode in ("plain", "assisted"):
-            spec = dict(
-                mode=mode,
-                prompt_length=int(length),
-                max_new_tokens=max_new_tokens,
-                target=target,
-                drafter=None if drafter is None else str(drafter),
-                dtype=settings.dtype,
-                num_threads=num_threads,
-                seed=settings.seed,
-            )
-            # A fixed mmap threshold stops glibc from serving large tensors out of its heap, whose fragmentation
-            # would otherwise keep freed memory in the RSS: peak RSS then tracks the live tensors of each method.
-            env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-            completed = subprocess.run(
-                [sys.executable, "-c", command, json.dumps(spec)],
-                capture_output=True,
-                text=True,
-                timeout=settings.timeout,
-                env=env,
-            )
+            spec = json.dumps(dict(mode=mode, prompt_length=int(length), **worker))
+            argv = [sys.executable, "-c", command, spec]
+            completed = subprocess.run(argv, capture_output=True, text=True, timeout=settings.timeout, env=env)
             lines = [line for line in completed.stdout.splitlines() if line.startswith("MEMORY-RESULT ")]
             if completed.returncode != 0 or not lines:
                 raise RuntimeError(
