@@ -254,8 +254,9 @@ def test_fast_verification_without_packed_weights_keeps_f_linear():
 
 def test_generate_runs_the_drafters_linear_layers_from_packed_weights_too(monkeypatch):
     """Inside assisted `generate` the drafter's few-row forwards (7 block slots) read packed weights, alone or
-    stacked with the layers that read the same input (`fused_linears`), as the target's verification does;
-    afterwards both models' layers are restored. Greedy output is plain generate's."""
+    stacked with the layers that read the same input (`fused_linears`), as the target's verification does, all but
+    the Markov correction's thin projection, which `F.linear` runs faster; afterwards both models' layers are
+    restored. Greedy output is plain generate's."""
     from helpers import make_drafter, make_target
 
     target = make_target("qwen3")
@@ -270,12 +271,14 @@ def test_generate_runs_the_drafters_linear_layers_from_packed_weights_too(monkey
         return out
 
     drafter_weights = {id(m.weight) for m in drafter.modules() if type(m) is nn.Linear}
+    drafter_weights.remove(id(drafter.markov_proj.weight))
     prompt = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(0))
     plain = target.generate(prompt, max_new_tokens=12, do_sample=False)
     monkeypatch.setattr(packed_linear, "_packed_product", spy)
     assisted = target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=drafter)
     assert torch.equal(assisted, plain)
     assert drafter_weights <= set(served)  # every drafter linear layer ran packed
+    assert id(drafter.markov_proj.weight) not in served
     dtype = packed_linear.drafter_linear_dtype(drafter)  # the CPU's fastest: dynamic int8, bf16 or fp32
     assert drafter_weights | {id(drafter.output_head.weight)} <= packed_weight_ids(dtype)
     assert not any("forward" in m.__dict__ for model in (target, drafter) for m in model.modules())
@@ -319,14 +322,15 @@ def test_an_inference_mode_weight_changed_in_place_is_never_stale():
 def test_packed_weights_off_keeps_every_linear_of_target_and_drafter_on_f_linear(batch_size):
     """The "before" columns of the packed A/B tables set `drafter.packed_weights = False`: no linear layer of the
     target or the drafter (nor the target's head, which the drafter runs through `linear`) may then be packed, in
-    transformers' loop or the batched one; with it on, all of them are."""
+    transformers' loop or the batched one; with it on, all of them are but the Markov correction's thin projection."""
     from helpers import make_drafter, make_target
 
     target = make_target("qwen3")
     drafter = make_drafter(target)
     drafter.bind_target(target)  # as a drafter that served a call before is
     prompts = torch.randint(0, 64, (batch_size, 12), generator=torch.Generator().manual_seed(0))
-    weights = [m.weight for model in (target, drafter) for m in model.modules() if type(m) is nn.Linear]
+    linears = [m for model in (target, drafter) for m in model.modules() if type(m) is nn.Linear]
+    weights = [m.weight for m in linears if m is not drafter.markov_proj]
     for packed in (False, True):
         for model in (target, drafter):
             release_packed_weights(model)

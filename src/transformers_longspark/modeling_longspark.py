@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationConfig, PreTrainedModel
 from transformers import initialization as init
-from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, apply_rotary_pos_emb, rotate_half
+from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP
 from transformers.utils import ModelOutput
 
 from .configuration_longspark import LongSparkConfig
@@ -59,6 +59,34 @@ def _contents_key(tensors: tuple[torch.Tensor | None, ...]) -> tuple | None:
     return tuple(None if t is None else (id(t), t.data_ptr(), t._version) for t in tensors)
 
 
+class LongSparkRMSNorm(nn.Module):
+    """RMS norm over the last dimension, `x / sqrt(mean(x^2) + eps) * weight`, in one `F.rms_norm` call (Qwen3's
+    `Qwen3RMSNorm` spells it as eight operations; a drafter round runs 22 norms on a few rows, where each operation's
+    dispatch costs more than its arithmetic). Same parameter, same state dict."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        weight = self.weight if self.weight.dtype == hidden_states.dtype else self.weight.to(hidden_states.dtype)
+        return F.rms_norm(hidden_states, weight.shape, weight, self.variance_epsilon)
+
+
+def rotary_factors(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(cos, sin)` `(N, B, head_dim)` -> `(cos, signed_sin)` `(N, 1, B, head_dim)` for `rotate`, computed once per
+    forward: `rotate_half(x) * sin` equals `x.roll(head_dim // 2, -1) * signed_sin` with the first half of `sin`
+    negated."""
+    half = sin.shape[-1] // 2
+    return cos[:, None], torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)[:, None]
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """RoPE of `x` `(N, heads, B, head_dim)` (transformers' `x * cos + rotate_half(x) * sin`) in four operations."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
+
+
 class LongSparkAttention(nn.Module):
     """Attention of the block slots over `[block; recent window; summary]` with a single softmax."""
 
@@ -75,8 +103,8 @@ class LongSparkAttention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
         if config.use_qk_norm:
-            self.q_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
-            self.k_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+            self.q_norm = LongSparkRMSNorm(self.head_dim, eps=config.rms_norm_eps)
+            self.k_norm = LongSparkRMSNorm(self.head_dim, eps=config.rms_norm_eps)
         else:  # a drafter warm-started from a target without head norms (`warm_start.py`)
             self.q_norm = self.k_norm = nn.Identity()
 
@@ -91,7 +119,8 @@ class LongSparkAttention(nn.Module):
         """
         Args:
             hidden_states: `(N, B, hidden_size)`.
-            position_embeddings: target RoPE `(cos, sin)`, each `(N, B, head_dim)`, at absolute block positions.
+            position_embeddings: target RoPE at absolute block positions as `rotary_factors` gives them,
+                `(cos, signed_sin)`, each `(N, 1, B, head_dim)`.
             context_keys / context_values: `(N, num_kv_heads, *, head_dim)` tensors appended after the block keys
                 (recent window, then summary queries `U` / summary values `S_t`).
             key_mask: `(N, 1, 1, B + context)` bool, False for padded window rows; `None` when nothing is padded.
@@ -101,10 +130,9 @@ class LongSparkAttention(nn.Module):
         q = self.q_norm(q.view(n, b, self.num_heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(k.view(n, b, self.num_kv_heads, self.head_dim)).transpose(1, 2)
         v = v.view(n, b, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = position_embeddings
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        keys = torch.cat([k, *(t.to(k.dtype) for t in context_keys)], dim=2)
-        values = torch.cat([v, *(t.to(v.dtype) for t in context_values)], dim=2)
+        q, k = rotate(q, *position_embeddings), rotate(k, *position_embeddings)
+        keys = torch.cat([k, *(t if t.dtype == k.dtype else t.to(k.dtype) for t in context_keys)], dim=2)
+        values = torch.cat([v, *(t if t.dtype == v.dtype else t.to(v.dtype) for t in context_values)], dim=2)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=key_mask, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(n, b, -1))
 
@@ -123,9 +151,9 @@ class LongSparkDecoderLayer(nn.Module):
 
     def __init__(self, config: LongSparkConfig):
         super().__init__()
-        self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.input_layernorm = LongSparkRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.self_attn = LongSparkAttention(config)
-        self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LongSparkRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.mlp = LongSparkMLP(config)
 
     def forward(self, hidden_states, position_embeddings, context_keys, context_values, key_mask) -> torch.Tensor:
@@ -165,7 +193,7 @@ class LongSparkDrafterModel(LongSparkPreTrainedModel):
         d, h = config.num_draft_layers, config.hidden_size
         self.block_positions = nn.Embedding(config.block_size, h)
         self.fuse_boundary = nn.Linear(d * h, h, bias=False)
-        self.boundary_norm = Qwen3RMSNorm(h, eps=config.rms_norm_eps)
+        self.boundary_norm = LongSparkRMSNorm(h, eps=config.rms_norm_eps)
         self.project_inputs = nn.Linear(2 * h, h, bias=False)
         self.layers = nn.ModuleList([LongSparkDecoderLayer(config) for _ in range(d)])
         self.summary_queries = nn.Parameter(
@@ -327,13 +355,13 @@ class LongSparkDrafterModel(LongSparkPreTrainedModel):
         hidden = self.project_inputs(torch.cat([hidden, boundary[:, None].expand(n, b, -1)], dim=-1))
 
         positions = context.positions[:, None] + torch.arange(b, device=block_ids.device)
-        position_embeddings = target.rotary_emb(hidden, positions)
+        position_embeddings = rotary_factors(*target.rotary_emb(hidden, positions))
         key_mask = self._key_mask(context, n, b)
         summary_keys = self.summary_queries[None].expand(n, -1, -1, -1, -1)  # (N, D, kv_heads, m, head_dim)
         if config.summary_key_positions == "block_start":
             # U rotated at the block's first position t: q_{t+i} . R_t U depends on the offset i alone.
-            cos, sin = (e[:, None, None, :1] for e in position_embeddings)  # (N, 1, 1, 1, head_dim)
-            summary_keys = summary_keys * cos + rotate_half(summary_keys) * sin
+            cos, signed_sin = (e[:, None, :, :1] for e in position_embeddings)  # (N, 1, 1, 1, head_dim)
+            summary_keys = rotate(summary_keys, cos, signed_sin)
         for j, layer in enumerate(self.layers):
             keys, values = [], []
             if context.window_keys:

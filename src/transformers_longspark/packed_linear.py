@@ -201,9 +201,11 @@ def _packed_product(
     packed = _packed_weight(weights, compute)
     if packed is None:
         return None
-    if compute == torch.qint8:
-        rows = input.reshape(-1, input.shape[-1]).float()
-        out = torch.ops.quantized.linear_dynamic(rows, packed, True).view(*input.shape[:-1], -1).to(input.dtype)
+    if compute == torch.qint8:  # fp32 in and out, any leading dimensions
+        if input.dtype != torch.float32:
+            out = torch.ops.quantized.linear_dynamic(input.float(), packed, True).to(input.dtype)
+        else:
+            out = torch.ops.quantized.linear_dynamic(input, packed, True)
         return out if bias is None else out + bias
     if compute == torch.int8:
         quantized, scale = packed
@@ -269,8 +271,12 @@ def drafter_linear_dtype(drafter: nn.Module) -> torch.dtype:
 
 
 def packed_drafter_weights(drafter: nn.Module) -> contextlib.AbstractContextManager[None]:
-    """`packed_linear_weights` for a bound drafter: its linear layers and output head, in `drafter_linear_dtype`."""
-    return packed_linear_weights(drafter, drafter.output_head, dtype=drafter_linear_dtype(drafter))
+    """`packed_linear_weights` for a bound drafter: its linear layers and output head, in `drafter_linear_dtype`.
+
+    Not the Markov correction's projection: its product is one row by `markov_rank` (32) inputs, which `F.linear`
+    runs in about half the time of any packed kernel (their per-call setup outweighs a product this thin)."""
+    modules = [module for name, module in drafter.named_children() if name != "markov_proj"]
+    return packed_linear_weights(*modules, drafter.output_head, dtype=drafter_linear_dtype(drafter))
 
 
 def release_packed_weights(*models: nn.Module) -> None:

@@ -192,8 +192,8 @@ def draft_tokens(
     """
     sequences, rows, lengths = requests.sequences, requests.rows, requests.lengths
     max_tokens = requests.room.clamp(max=drafter.config.block_size)
-    logits_processor, eos_token_ids = settings.logits_processor, settings.eos_token_ids
-    device = sequences.device
+    logits_processor, device = settings.logits_processor, sequences.device
+    eos_token_ids = None if settings.eos_token_ids is None else settings.eos_token_ids.to(device)
     previous = sequences[rows, lengths - 1]
     masks = previous.new_full((len(rows), drafter.config.block_size - 1), drafter.config.mask_token_id)
     start = time.perf_counter()
@@ -220,13 +220,17 @@ def draft_tokens(
         elif score_only_ids is not None:
             logits = logits_processor(score_only_ids, logits)
         probs = torch.softmax(logits, dim=-1)
+        # The confidence (q_i's largest probability) and its token, the greedy choice (the first of tied maxima).
+        confidence, choice = probs.max(dim=-1)
         if i > 0:  # decided before drawing y_i (see the docstring): the cut must not depend on the token it drops
-            confidence = probs.max(dim=-1).values
             drafting &= confidence >= settings.token_threshold
             drafting &= block_probability * confidence >= settings.block_threshold
-        choice = torch.multinomial(probs, num_samples=1)[:, 0] if settings.do_sample else probs.argmax(dim=-1)
+        drawn_probability = confidence
+        if settings.do_sample:
+            choice = torch.multinomial(probs, num_samples=1)[:, 0]
+            drawn_probability = probs.gather(-1, choice[:, None])[:, 0]
         token = drafter.to_target_ids(choice) if in_draft_vocab else choice
-        block_probability = block_probability * probs.gather(-1, choice[:, None])[:, 0]
+        block_probability = block_probability * drawn_probability
         num_drafted += drafting
         sequences[rows, lengths + i] = token
         drafted_ids.append(token)
@@ -234,7 +238,7 @@ def draft_tokens(
             drafted_logits.append(logits)
         # Tokens after an EOS can never be kept, so the block ends there.
         if eos_token_ids is not None:
-            drafting &= ~torch.isin(token, eos_token_ids.to(device))
+            drafting &= ~torch.isin(token, eos_token_ids)
         previous = token
     sources = [Source.DRAFTER] * len(rows)
     if not drafted_ids:
