@@ -1,6 +1,7 @@
 """Costs measured on the machine at hand (`inference/calibration.py`), the validated drafting knobs
 (`inference/knobs.py`), and exactness with the drafter's linear layers in bfloat16 and with calibrated costs."""
 
+import copy
 import json
 import math
 
@@ -19,6 +20,7 @@ from helpers import (
     make_target,
     sampled_counts,
 )
+from transformers_longspark import LongSparkDrafterModel
 from transformers_longspark.inference import calibration
 from transformers_longspark.inference.calibration import calibrate, calibrated_costs, calibration_key, calibration_path
 from transformers_longspark.inference.planning import RoundCosts
@@ -115,6 +117,22 @@ def test_the_calibration_key_follows_threads_dtype_and_target():
         torch.set_num_threads(threads)
     assert calibration_key(make_target("llama", vocab_size=80), make_drafter(target)) != key
     assert calibration_key(target.to(torch.bfloat16), drafter) != key
+    assert calibration_key(target, copy.deepcopy(drafter).to(torch.bfloat16)) != key
+
+
+def test_checkpoints_of_one_architecture_share_a_calibration(tmp_path):
+    """Other weights, another folder, another saved dtype: the same key (a round costs what the architecture and the
+    dtypes it runs in cost), so that checkpoints compared side by side are priced alike."""
+    target = make_target("llama")
+    drafter = make_drafter(target)
+    key = calibration_key(target, drafter)
+    drafter.to(torch.bfloat16).save_pretrained(tmp_path / "checkpoint")
+    other = LongSparkDrafterModel.from_pretrained(tmp_path / "checkpoint", dtype=torch.float32)
+    torch.nn.init.normal_(other.fuse_boundary.weight)
+    assert other.config._name_or_path == str(tmp_path / "checkpoint")
+    assert calibration_key(target, other) == key
+    other.config.block_size += 1
+    assert calibration_key(target, other) != key
 
 
 @pytest.mark.parametrize("bad", [-0.5, float("nan"), float("inf"), "cheap"])

@@ -6,8 +6,10 @@ drafter's weights. So a drafter whose `generation_config` sets `calibrate_costs`
 constants: at its first `generate` on a new machine and target the costs are measured (a few seconds on a small
 target: random tokens, the fast verification path, one `DraftSession`) and cached as JSON under
 `$LONGSPARK_CACHE/calibration/`, keyed by the CPU (or GPU), torch's CPU capability and thread count, the target's
-config and dtype, and the drafter's config and linear dtype. `longspark calibrate` measures (or re-measures) ahead
-of time. A cached file with a nonsensical cost (negative, non-finite) is measured again, with a warning.
+config and dtype, and the drafter's architecture, dtype and linear dtype (not its weights or where it was saved: the
+checkpoints of one training run share one calibration, so that comparing them prices their rounds alike).
+`longspark calibrate` measures (or re-measures) ahead of time. A cached file with a nonsensical cost (negative,
+non-finite) is measured again, with a warning.
 
 What is measured, interleaved so that a busy machine skews all parts alike (the fastest of `repeats` each: other
 processes only ever add time):
@@ -73,11 +75,16 @@ class Calibration:
         return {"version": CALIBRATION_VERSION, **asdict(self), "costs": asdict(self.costs)}
 
 
+# What `save_pretrained` adds to a drafter's config (the saved dtype, the class, the version that wrote it): not what a
+# round costs, so that a checkpoint costs what the drafter it was saved from costs.
+SAVE_FIELDS = ("dtype", "architectures", "transformers_version")
+
+
 def calibration_key(target: PreTrainedModel, drafter: LongSparkDrafterModel) -> dict[str, Any]:
     """What a round's cost in target steps depends on: the machine, the thread count, the target and the dtypes."""
     device = target.device
     machine = _cpu_name() if device.type == "cpu" else torch.cuda.get_device_name(device)
-    config = target.config.to_json_string(use_diff=False)
+    config, drafter_config = (model.config.to_json_string(use_diff=False) for model in (target, drafter))
     return {
         "version": CALIBRATION_VERSION,
         "machine": machine,
@@ -88,7 +95,8 @@ def calibration_key(target: PreTrainedModel, drafter: LongSparkDrafterModel) -> 
         "target": getattr(target.config, "model_type", type(target).__name__),
         "target_config": hashlib.sha256(_without_paths(config).encode()).hexdigest()[:16],
         "target_dtype": str(target.dtype),
-        "drafter_config": hashlib.sha256(drafter.config.to_json_string(use_diff=False).encode()).hexdigest()[:16],
+        "drafter_config": hashlib.sha256(_without_paths(drafter_config, *SAVE_FIELDS).encode()).hexdigest()[:16],
+        "drafter_dtype": str(drafter.dtype),
         "drafter_linear_dtype": str(drafter_linear_dtype(drafter)),
     }
 
@@ -260,10 +268,11 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _without_paths(config_json: str) -> str:
-    """The target config without its `name_or_path`-like fields (the same model at another path costs the same)."""
+def _without_paths(config_json: str, *fields: str) -> str:
+    """A config without its `name_or_path`-like fields (the same model at another path costs the same) and `fields`
+    (e.g. `SAVE_FIELDS`)."""
     config = json.loads(config_json)
-    for name in ("_name_or_path", "name_or_path"):
+    for name in ("_name_or_path", "name_or_path", *fields):
         config.pop(name, None)
     return json.dumps(config, sort_keys=True)
 
