@@ -18,8 +18,13 @@ from transformers_longspark.benchmarks import (
     run_verify_cost,
 )
 from transformers_longspark.benchmarks.common import Timings, measure, prefill
-from transformers_longspark.benchmarks.drafting_cost import _generators, full_prefix_state_bytes, synthetic_cache
-from transformers_longspark.benchmarks.lookup_cost import LOOKUP_ROW_FIELDS, lookup_history
+from transformers_longspark.benchmarks.drafting_cost import (
+    LOOKUP_ROW_FIELDS,
+    _generators,
+    full_prefix_state_bytes,
+    lookup_history,
+    synthetic_cache,
+)
 from transformers_longspark.benchmarks.models import build_random_drafter, build_synthetic_target
 from transformers_longspark.benchmarks.report import (
     format_drafting_cost,

@@ -1,14 +1,12 @@
-"""Batched decoding speed: plain batched `generate` vs LongSpark batched `generate`, per batch size.
-
-`longspark bench --batch-sizes 1 2 4 8` (`run_batched_benchmark`): for each workload (short chat prompts, long code
-prompts), mode and batch size, the first `b` prompts (cycled when there are fewer) are left-padded into one batch and
-`target.generate` runs on it with and without the drafter, interleaved (`common.measure`). Batch 1 is transformers' own
-assisted loop; larger batches run `inference/batched.py`. tokens/s counts each row's new tokens up to its
-EOS (padding excluded) over the median time of one batched call.
+"""Batched decoding speed: plain batched `generate` vs LongSpark batched `generate`, per batch size
+(`longspark bench --batch-sizes 1 2 4 8`, `run_batched_benchmark`). Batch 1 is transformers' own assisted loop; larger
+batches run `inference/batched.py`. tokens/s counts each row's new tokens up to its EOS (padding excluded) over the
+median time of one batched call.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,6 +17,7 @@ from transformers import PreTrainedModel
 from ..inference.stats import tau
 from ..modeling_longspark import LongSparkDrafterModel
 from .common import generate_kwargs, machine_info, measure
+from .report import RANDOM_DRAFTER, _fmt, table
 from .settings import BatchedSettings
 
 METHODS = ("plain", "longspark")
@@ -54,22 +53,17 @@ def _eos_token_ids(target: PreTrainedModel) -> list[int]:
 
 
 def _measure_batch(target, drafter, input_ids, attention_mask, kwargs, settings: BatchedSettings, device):
-    """Median seconds, new tokens and outputs of plain and LongSpark batched `generate` on one batch."""
+    """Median seconds and outputs of plain and LongSpark batched `generate` on one batch, each call from the seed."""
     outputs: dict[str, torch.LongTensor] = {}
 
-    def call(method: str):
+    def run(method: str) -> None:
         extra = {"assistant_model": drafter} if method == "longspark" else {}
+        outputs[method] = target.generate(input_ids, attention_mask=attention_mask, **kwargs, **extra)
 
-        def run():
-            outputs[method] = target.generate(input_ids, attention_mask=attention_mask, **kwargs, **extra)
-
-        return run
-
-    def prepare(method: str) -> None:
-        torch.manual_seed(settings.seed)
-
-    calls = {method: call(method) for method in METHODS}
-    timings = measure(calls, settings.repeats, settings.warmup, device=device, prepare=prepare)
+    calls = {method: functools.partial(run, method) for method in METHODS}
+    timings = measure(
+        calls, settings.repeats, settings.warmup, device=device, prepare=lambda _: torch.manual_seed(settings.seed)
+    )
     return {method: timings[method].median_ms() / 1000.0 for method in METHODS}, outputs
 
 
@@ -81,13 +75,9 @@ def run_batched_benchmark(
     *,
     drafter_info: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Tokens/s of plain vs LongSpark batched `generate` for each workload, mode and batch size.
-
-    Args:
-        prompts: `{workload: [token ids, ...]}`; a batch of `b` takes the first `b` prompts, cycled, left-padded to
-            `(b, longest)`.
-        settings: batch sizes, modes, repeats, ... (`BatchedSettings`; default `BatchedSettings()`).
-        drafter_info: what the report says of the drafter (its folder, whether it is trained).
+    """Tokens/s of plain vs LongSpark batched `generate` for each workload of `prompts` (`{workload: [ids, ...]}`),
+    mode and batch size of `settings` (`BatchedSettings`, default `BatchedSettings()`): a batch of `b` takes the first
+    `b` prompts, cycled, left-padded to `(b, longest)`. `drafter_info`: what the report says of the drafter.
 
     Returns:
         `{"benchmark": "batched", "machine", "settings", "drafter", "rows": [{workload, mode, batch_size,
@@ -102,8 +92,9 @@ def run_batched_benchmark(
         pad = target.generation_config.pad_token_id
         pad_token_id = pad if pad is not None else (eos_token_ids[0] if eos_token_ids else 0)
     rows = []
-    total = len(prompts) * len(modes) * len(batch_sizes)
-    bar = tqdm(total=total, desc="batched", unit="batch", disable=not settings.progress)
+    bar = tqdm(
+        total=len(prompts) * len(modes) * len(batch_sizes), desc="batched", unit="batch", disable=not settings.progress
+    )
     for workload, items in prompts.items():
         if not items:
             raise ValueError(f"Workload {workload!r} has no prompts.")
@@ -123,17 +114,12 @@ def run_batched_benchmark(
                     "batch_size": batch_size,
                     "prompt_tokens": int(attention_mask.sum(dim=1).max()),
                     "padded_width": input_ids.shape[1],
-                    "plain_seconds": seconds["plain"],
-                    "longspark_seconds": seconds["longspark"],
-                    "plain_new_tokens": tokens["plain"],
-                    "longspark_new_tokens": tokens["longspark"],
-                    "plain_tokens_per_s": rate["plain"],
-                    "longspark_tokens_per_s": rate["longspark"],
-                    "speedup": rate["longspark"] / rate["plain"],
-                    "tau": tau(tokens["longspark"], stats.rounds, batch_size) if stats.rounds else None,
-                    "batch_rounds": stats.batch_rounds,
-                    "greedy_identical": identical,
                 }
+                for field, values in (("seconds", seconds), ("new_tokens", tokens), ("tokens_per_s", rate)):
+                    row.update({f"{m}_{field}": values[m] for m in METHODS})
+                row["speedup"] = rate["longspark"] / rate["plain"]
+                row["tau"] = tau(tokens["longspark"], stats.rounds, batch_size) if stats.rounds else None
+                row.update(batch_rounds=stats.batch_rounds, greedy_identical=identical)
                 rows.append(row)
                 bar.update(1)
     bar.close()
@@ -153,30 +139,21 @@ def run_batched_benchmark(
 
 def format_batched(report: Mapping[str, Any]) -> str:
     """The batched report as a Markdown table, one row per workload, mode and batch size."""
-    lines = [
-        "| workload | mode | batch | prompt tokens | plain tok/s | LongSpark tok/s | speedup | tau "
-        "| greedy identical |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for row in report["rows"]:
-        identical = "-" if row["greedy_identical"] is None else "yes" if row["greedy_identical"] else "NO"
-        tau_cell = "-" if row["tau"] is None else f"{row['tau']:.2f}"
-        lines.append(
-            f"| {row['workload']} | {row['mode']} | {row['batch_size']} | {row['prompt_tokens']} | "
-            f"{row['plain_tokens_per_s']:.1f} | {row['longspark_tokens_per_s']:.1f} | {row['speedup']:.2f}x | "
-            f"{tau_cell} | {identical} |"
-        )
+    header = ["workload", "mode", "batch", "prompt tokens", "plain tok/s", "LongSpark tok/s", "speedup", "tau",
+              "greedy identical"]  # fmt: skip
+    rows = [[row["workload"], row["mode"], str(row["batch_size"]), str(row["prompt_tokens"]),
+             f"{row['plain_tokens_per_s']:.1f}", f"{row['longspark_tokens_per_s']:.1f}", f"{row['speedup']:.2f}x",
+             _fmt(row["tau"], ".2f"), {None: "-", True: "yes", False: "NO"}[row["greedy_identical"]]]
+            for row in report["rows"]]  # fmt: skip
     machine, settings = report.get("machine", {}), report.get("settings", {})
-    lines += [
-        "",
+    note = (
         f"Machine: {machine.get('cpu')} ({machine.get('torch_threads')} torch threads), {machine.get('device')}. "
         f"max_new_tokens={settings.get('max_new_tokens')}, median of {settings.get('repeats')} call(s) per method. "
         "tok/s: new tokens of all rows (to each row's EOS) per second of one batched `generate`; tau = (new tokens - "
-        "batch) / per-row verification rounds.",
-    ]
-    if report.get("drafter", {}).get("trained") is False:
-        lines.append("**The drafter is RANDOM (untrained): its tau and speedups are not meaningful.**")
-    return "\n".join(lines) + "\n"
+        "batch) / per-row verification rounds."
+    )
+    random = [RANDOM_DRAFTER] if report.get("drafter", {}).get("trained") is False else []
+    return "\n".join([*table(header, rows, "llrrrrrrl"), "", note, *random]) + "\n"
 
 
 __all__ = ["METHODS", "format_batched", "left_pad_batch", "new_token_counts", "run_batched_benchmark"]

@@ -79,13 +79,11 @@ def measure(
         for name in names[shift:] + names[:shift]:
             if prepare is not None:
                 prepare(name)
-            phases = calls[name]
-            phases = [phases] if callable(phases) else list(phases)
-            seconds, result = timed_call(phases[0], device=device)
-            laps = [seconds]
-            for phase in phases[1:]:
-                seconds, result = timed_call(phase, result, device=device)
+            laps, arguments = [], ()
+            for phase in [calls[name]] if callable(calls[name]) else calls[name]:
+                seconds, result = timed_call(phase, *arguments, device=device)
                 laps.append(seconds)
+                arguments = (result,)
             if repeat >= warmup:
                 timings[name].seconds.append(tuple(laps))
     return timings
@@ -185,13 +183,9 @@ def machine_info(device: str | torch.device = "cpu") -> dict[str, Any]:
     import transformers
 
     cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    with contextlib.suppress(OSError):
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        cpu = next((line.split(":", 1)[1].strip() for line in lines if line.lower().startswith("model name")), cpu)
     info = {
         "cpu": cpu,
         "cpu_cores": os.cpu_count(),

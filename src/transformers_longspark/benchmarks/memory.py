@@ -17,6 +17,8 @@ from ..loading import load_drafter, load_target
 from .common import machine_info
 from .settings import MemorySettings
 
+MODES = ("plain", "assisted")
+
 
 def _memory_worker(spec: Mapping[str, Any]) -> dict[str, Any]:
     """Runs in a fresh process: loads the target (and drafter), then one `generate`; reports peak RSS."""
@@ -30,13 +32,10 @@ def _memory_worker(spec: Mapping[str, Any]) -> dict[str, Any]:
 
     dtype = getattr(torch, spec.get("dtype", "float32"))
     target, _ = load_target(spec.get("target"), dtype)
-    drafter = None
-    if spec["mode"] == "assisted":
-        drafter, _ = load_drafter(target, spec.get("drafter"))
+    drafter = load_drafter(target, spec.get("drafter"))[0] if spec["mode"] == "assisted" else None
     with torch.no_grad():  # safetensors weights are memory-mapped lazily: make them resident before measuring
-        for module in (target, drafter):
-            for parameter in module.parameters() if module is not None else ():
-                parameter.sum()
+        for parameter in [*target.parameters(), *(drafter.parameters() if drafter is not None else ())]:
+            parameter.sum()
     rss_after_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     length, new_tokens = spec["prompt_length"], spec["max_new_tokens"]
     vocab = target.config.get_text_config().vocab_size
@@ -60,6 +59,10 @@ def _memory_worker(spec: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _growth_kib(run: Mapping[str, Any]) -> int:
+    return run["rss_peak_kib"] - run["rss_after_load_kib"]
+
+
 def _memory_worker_main() -> None:
     spec = json.loads(sys.argv[1])
     print("MEMORY-RESULT " + json.dumps(_memory_worker(spec)), flush=True)
@@ -70,30 +73,25 @@ def run_memory_benchmark(
 ) -> dict[str, Any]:
     """The drafter's extra peak memory over plain `generate`, at each prompt length (CPU, peak RSS).
 
-    Each configuration (plain / assisted x prompt length of `settings`, a `MemorySettings`) runs in a fresh
-    subprocess that loads the target (`target`, a local checkpoint path, or the SmolLM2 demo target when None) and, if
-    assisted, the drafter (`drafter` path, else the default one of :func:`load_drafter`), records `ru_maxrss` after
-    loading, generates `max_new_tokens` greedy tokens from a seeded random prompt of that length, and records
-    `ru_maxrss` again.
-
-    Returns, per length: both peaks, `extra_peak_mib` (assisted - plain peak, drafter weights included) and
-    `extra_runtime_mib` ((assisted peak - its after-load RSS) - (plain peak - its after-load RSS)); and
-    `extra_peak_growth_mib`, the change of the extra from the shortest to the longest prompt.
+    Each configuration (plain / assisted x prompt length of `settings`, a `MemorySettings`) runs in a fresh process
+    that loads the target (a local checkpoint path, or the SmolLM2 demo target when None) and, if assisted, the
+    drafter (else the default one of `load_drafter`), records `ru_maxrss`, generates `max_new_tokens` greedy tokens
+    from a seeded random prompt of that length, and records `ru_maxrss` again. Returns, per length: both peaks,
+    `extra_peak_mib` (assisted - plain peak, drafter weights included) and `extra_runtime_mib` (the same of the peaks
+    over the after-load RSS); and `extra_peak_growth_mib`, the extra's change from the shortest to the longest prompt.
     """
     settings = settings or MemorySettings()
     prompt_lengths, max_new_tokens, num_threads = settings.prompt_lengths, settings.max_new_tokens, settings.num_threads
-    runs = []
-    bar = tqdm(total=2 * len(prompt_lengths), desc="memory", unit="process", disable=not settings.progress)
     command = "from transformers_longspark.benchmarks.memory import _memory_worker_main; _memory_worker_main()"
     worker = dict(max_new_tokens=max_new_tokens, target=target, drafter=None if drafter is None else str(drafter),
                   dtype=settings.dtype, num_threads=num_threads, seed=settings.seed)  # fmt: skip
     # A fixed mmap threshold stops glibc from serving large tensors out of its heap, whose fragmentation would
     # otherwise keep freed memory in the RSS: peak RSS then tracks the live tensors of each method.
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    for length in prompt_lengths:
-        for mode in ("plain", "assisted"):
-            spec = json.dumps(dict(mode=mode, prompt_length=int(length), **worker))
-            argv = [sys.executable, "-c", command, spec]
+    runs = []
+    with tqdm(total=2 * len(prompt_lengths), desc="memory", unit="process", disable=not settings.progress) as bar:
+        for length, mode in ((length, mode) for length in prompt_lengths for mode in MODES):
+            argv = [sys.executable, "-c", command, json.dumps(dict(mode=mode, prompt_length=int(length), **worker))]
             completed = subprocess.run(argv, capture_output=True, text=True, timeout=settings.timeout, env=env)
             lines = [line for line in completed.stdout.splitlines() if line.startswith("MEMORY-RESULT ")]
             if completed.returncode != 0 or not lines:
@@ -103,28 +101,17 @@ def run_memory_benchmark(
                 )
             runs.append(json.loads(lines[-1][len("MEMORY-RESULT ") :]))
             bar.update(1)
-    bar.close()
-    mib = 1 / 1024
     lengths = []
     for length in prompt_lengths:
-        plain = next(r for r in runs if r["prompt_length"] == length and r["mode"] == "plain")
-        assisted = next(r for r in runs if r["prompt_length"] == length and r["mode"] == "assisted")
-        lengths.append(
-            {
-                "prompt_length": int(length),
-                "plain_after_load_mib": plain["rss_after_load_kib"] * mib,
-                "plain_peak_mib": plain["rss_peak_kib"] * mib,
-                "assisted_after_load_mib": assisted["rss_after_load_kib"] * mib,
-                "assisted_peak_mib": assisted["rss_peak_kib"] * mib,
-                "extra_peak_mib": (assisted["rss_peak_kib"] - plain["rss_peak_kib"]) * mib,
-                "extra_runtime_mib": (
-                    (assisted["rss_peak_kib"] - assisted["rss_after_load_kib"])
-                    - (plain["rss_peak_kib"] - plain["rss_after_load_kib"])
-                )
-                * mib,
-                "drafter_context_state_bytes": assisted["context_state_bytes"],
-            }
-        )
+        plain, assisted = (next(r for r in runs if (r["prompt_length"], r["mode"]) == (length, m)) for m in MODES)
+        row = {"prompt_length": int(length)}
+        for mode, run in zip(MODES, (plain, assisted)):
+            for part in ("after_load", "peak"):
+                row[f"{mode}_{part}_mib"] = run[f"rss_{part}_kib"] / 1024
+        row["extra_peak_mib"] = (assisted["rss_peak_kib"] - plain["rss_peak_kib"]) / 1024
+        row["extra_runtime_mib"] = (_growth_kib(assisted) - _growth_kib(plain)) / 1024
+        row["drafter_context_state_bytes"] = assisted["context_state_bytes"]
+        lengths.append(row)
     return {
         "benchmark": "memory",
         "prompt_lengths": [int(t) for t in prompt_lengths],

@@ -41,24 +41,16 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
-def synthetic_target_config(name: str) -> Qwen3Config:
-    """The `Qwen3Config` of a `SYNTHETIC_TARGETS` entry."""
+def build_synthetic_target(
+    name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0
+) -> PreTrainedModel:
+    """A random-weight `Qwen3ForCausalLM` with the shapes of `name` (`SYNTHETIC_TARGETS`, e.g. `"qwen3-8b"`: 36
+    layers, hidden 4096), allocated and initialised directly on `device` in `dtype` (a 16 GB bf16 model is never built
+    in fp32 on the CPU first); initialising on a GPU takes well under a second."""
     if name not in SYNTHETIC_TARGETS:
         raise ValueError(f"Unknown synthetic target {name!r}; choose from {', '.join(SYNTHETIC_TARGETS)}.")
     config = Qwen3Config(**copy.deepcopy(SYNTHETIC_TARGETS[name]))
     config._name_or_path = f"synthetic:{name}"
-    return config
-
-
-def build_synthetic_target(
-    name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0
-) -> PreTrainedModel:
-    """A random-weight `Qwen3ForCausalLM` with the shapes of `name` (e.g. `"qwen3-8b"`: 36 layers, hidden 4096).
-
-    Parameters are allocated and initialised directly on `device` in `dtype` (a 16 GB bf16 model is never built in
-    fp32 on the CPU first); initialising on a GPU takes well under a second.
-    """
-    config = synthetic_target_config(name)
     torch.manual_seed(seed)
     with torch.device(device), _default_dtype(dtype):
         model = Qwen3ForCausalLM(config)
@@ -76,4 +68,4 @@ def build_random_drafter(target: PreTrainedModel, seed: int = 0, **overrides: An
     return drafter.eval().requires_grad_(False)
 
 
-__all__ = ["build_random_drafter", "build_synthetic_target", "make_full_prefix_drafter", "synthetic_target_config"]
+__all__ = ["build_random_drafter", "build_synthetic_target", "make_full_prefix_drafter"]

@@ -21,14 +21,6 @@ def chat_prompt_ids(tokenizer, messages: Sequence[Mapping[str, str]]) -> list[in
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def _held_out_records(held_out_dir: Path) -> list[dict[str, Any]]:
-    records = []
-    for shard in sorted(held_out_dir.glob("*.jsonl")):
-        with shard.open(encoding="utf-8") as lines:
-            records += [json.loads(line) for line in lines if line.strip()]
-    return sorted(records, key=lambda record: record.get("id", 0))
-
-
 def short_prompts(
     tokenizer, num_prompts: int = 6, held_out_dir: str | os.PathLike | None = HELD_OUT_DIR
 ) -> list[dict[str, Any]]:
@@ -44,7 +36,9 @@ def short_prompts(
     held_out = Path(held_out_dir) if held_out_dir is not None else None
     if held_out is not None and held_out.is_dir() and any(held_out.glob("*.jsonl")):
         origin = str(held_out)
-        for index, record in enumerate(_held_out_records(held_out)):
+        lines = [line for shard in sorted(held_out.glob("*.jsonl")) for line in shard.read_text("utf-8").split("\n")]
+        records = sorted((json.loads(line) for line in lines if line.strip()), key=lambda record: record.get("id", 0))
+        for index, record in enumerate(records):
             prompt = normalize_record(record, index)
             prompt["id"] = record.get("id", index)
             by_source.setdefault(prompt["source"], []).append(prompt)
@@ -57,7 +51,6 @@ def short_prompts(
                 print(f"WARNING: skipping prompt source {name}: {error}", file=sys.stderr)
                 continue
             by_source[name] = split_prompts(records, 40, 0)[1]
-    prompts = interleave(*by_source.values())[:num_prompts]
     return [
         {
             "name": f"{prompt['source']}-{prompt.get('id', index)}",
@@ -65,7 +58,7 @@ def short_prompts(
             "origin": origin,
             "input_ids": chat_prompt_ids(tokenizer, prompt["messages"]),
         }
-        for index, prompt in enumerate(prompts)
+        for index, prompt in enumerate(interleave(*by_source.values())[:num_prompts])
     ]
 
 

@@ -1,17 +1,12 @@
-"""A controlled long-range task: needle recall, where the tokens a drafter must propose lie beyond its recent window.
+"""A controlled long-range task: needle recall, where the tokens a drafter must propose lie beyond its recent window
+(the experiment and its results: docs/results.md, "Needle recall beyond the window").
 
-The synthetic language (`RecallLanguage`) is
-
-    BOS  filler  NEEDLE n_1 ... n_L  filler (distance rows)  QUERY n_1 ... n_L
-
-with `n_i` drawn from its own group of `group_size` tokens and the fillers uniform over a disjoint filler group. A
-tiny target trained on it (`train_target`) answers the query by attention to the needle, however far back. A
-drafter drafting the answer (anchor `n_1`, drafts `n_2 .. n_L`) can only know the needle from what it reads of the
-prefix: its recent window when the needle is inside it, else only the global summary (16 learned queries per KV
-head over every cached row) or whatever the target's boundary state carries. Drafters trained on it at equal
-budget (`train_drafter`) and measured by the distance of the needle (`recall_acceptance`) give the paper's ablation
-(Table 4: full, without summary, without boundary state, without window) on a task this CPU can afford.
-
+The synthetic language (`RecallLanguage`) is `BOS filler NEEDLE n_1 ... n_L filler (distance rows) QUERY n_1 ... n_L`,
+`n_i` drawn from its own group of `group_size` tokens, the fillers from a disjoint group. A tiny target trained on it
+(`train_target`) answers the query by attention to the needle, however far back; a drafter drafting the answer can
+know the needle only from what it reads of the prefix: its recent window when the needle is inside it, else the global
+summary or whatever the target's boundary state carries. Drafters trained at equal budget (`train_drafter`) and
+measured by the needle's distance (`recall_acceptance`) give the paper's ablation (Table 4) on a task a CPU affords.
 `scripts/long_range_ablation.py` runs the experiment; `tests/test_long_range_recall.py` a small version of it.
 """
 
@@ -31,6 +26,7 @@ from ..inference.stats import DraftingStats, tau
 from ..modeling_longspark import LongSparkDrafterModel
 from ..training.data import Sequence
 from ..training.distillation import sample_anchors, sequence_loss
+from .report import table
 from .settings import DRAFTER_ALONE, WHOLE_BLOCKS
 
 # The drafter's context views that the ablations switch off (paper, Table 4), by variant name.
@@ -96,10 +92,23 @@ def _distance_cap(step: int, steps: int, first: int, last: int) -> int:
     return max(2, min(last, int(first * (last / first) ** min(1.0, 2 * step / steps))))
 
 
-def _set_learning_rate(optimizer: torch.optim.Optimizer, lr: float, step: int, steps: int) -> None:
-    """20 warm-up steps, then cosine decay to 0 at `steps`."""
-    for group in optimizer.param_groups:
-        group["lr"] = lr * min(1.0, step / 20) * 0.5 * (1 + math.cos(math.pi * step / steps))
+def _train(parameters: list, lr: float, steps: int, step_loss, log_every: int, name: str) -> list[dict[str, float]]:
+    """AdamW over `parameters`: 20 warm-up steps, then cosine decay to 0 at `steps`, gradients clipped to norm 1.
+    `step_loss(step)` backpropagates one step's loss and returns `(loss, note for the log line)`. Returns the log
+    (`step`, `loss`, `seconds`)."""
+    optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0)
+    log, start = [], time.perf_counter()
+    for step in range(1, steps + 1):
+        for group in optimizer.param_groups:
+            group["lr"] = lr * min(1.0, step / 20) * 0.5 * (1 + math.cos(math.pi * step / steps))
+        optimizer.zero_grad(set_to_none=True)
+        loss, note = step_loss(step)
+        torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+        optimizer.step()
+        log.append({"step": step, "loss": loss, "seconds": time.perf_counter() - start})
+        if log_every and step % log_every == 0:
+            print(f"{name} step {step}: loss {loss:.4f}{note}", flush=True)
+    return log
 
 
 def tiny_target(language: RecallLanguage, max_positions: int, seed: int = 0, **overrides: Any):
@@ -130,14 +139,11 @@ def train_target(
 ) -> list[dict[str, float]]:
     """Trains `target` to answer the query (cross-entropy on the answer tokens only), each step's batch at one
     log-uniform distance in `[1, cap]`, where the cap grows from 256 to `max_distance` over the first half of the
-    steps (the recall circuit forms fast on short sequences, then reaches out). Returns the log (`step`, `loss`,
-    `seconds`)."""
+    steps (the recall circuit forms fast on short sequences, then reaches out). Returns the log."""
     generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.AdamW(target.parameters(), lr=lr, weight_decay=0.0)
     target.train()
-    log, start = [], time.perf_counter()
-    for step in range(1, steps + 1):
-        _set_learning_rate(optimizer, lr, step, steps)
+
+    def step_loss(step: int) -> tuple[float, str]:
         distance = log_uniform_distances(1, _distance_cap(step, steps, 256, max_distance), 1, generator)[0]
         samples = [language.sample(distance, generator) for _ in range(batch_size)]
         width = max(len(ids) for ids, _ in samples)
@@ -145,14 +151,10 @@ def train_target(
         logits = target(input_ids=ids[:, :-1]).logits
         answer = slice(width - 1 - language.needle_length, width - 1)  # left-padded: answers end every row
         loss = F.cross_entropy(logits[:, answer].flatten(0, 1).float(), ids[:, answer.start + 1 :].flatten())
-        optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(target.parameters(), 1.0)
-        optimizer.step()
-        log.append({"step": step, "loss": loss.item(), "seconds": time.perf_counter() - start})
-        if log_every and step % log_every == 0:
-            print(f"target step {step}: loss {loss.item():.4f} at distance {distance}", flush=True)
-    return log
+        return loss.item(), f" at distance {distance}"
+
+    return _train(list(target.parameters()), lr, steps, step_loss, log_every, "target")
 
 
 def recall_drafter(target, language: RecallLanguage, variant: str = "full", seed: int = 1, **overrides: Any):
@@ -190,27 +192,19 @@ def train_drafter(
     target.eval().requires_grad_(False)
     drafter.bind_target(target)
     drafter.train()
-    parameters = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0)
-    log, start = [], time.perf_counter()
-    for step in range(1, steps + 1):
-        _set_learning_rate(optimizer, lr, step, steps)
+
+    def step_loss(step: int) -> tuple[float, str]:
         total = 0.0
-        optimizer.zero_grad(set_to_none=True)
         for distance in log_uniform_distances(1, max_distance, sequences_per_step, generator):
             sequence = language.training_sequence(distance, generator)
             anchors = sample_anchors(sequence, language.needle_length, generator)
-            loss = (
-                sequence_loss(target, drafter, sequence, anchors, window_dropout=window_dropout, generator=generator)
-                / sequences_per_step
-            )
+            loss = sequence_loss(target, drafter, sequence, anchors, window_dropout=window_dropout, generator=generator)
+            loss = loss / sequences_per_step
             loss.backward()
             total += loss.item()
-        torch.nn.utils.clip_grad_norm_(parameters, 1.0)
-        optimizer.step()
-        log.append({"step": step, "loss": total, "seconds": time.perf_counter() - start})
-        if log_every and step % log_every == 0:
-            print(f"drafter step {step}: loss {total:.4f}", flush=True)
+        return total, ""
+
+    log = _train([p for p in drafter.parameters() if p.requires_grad], lr, steps, step_loss, log_every, "drafter")
     drafter.eval()
     return log
 
@@ -279,10 +273,9 @@ def format_ablation(result: dict[str, Any]) -> str:
     cells = {(row["drafter"], row["distance"]): row for row in rows}
     inside = {d: d + setup["needle_length"] + 1 <= setup["window"] for d in distances}
     header = ["variant", *(f"{d:,}{' (in window)' if inside[d] else ''}" for d in distances), "paper (Table 4)"]
-    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(distances) + 1)]
-    for name in drafters:
-        taus = [f"{cells[name, d]['tau']:.2f}" for d in distances]
-        lines.append(f"| {name} | " + " | ".join(taus) + f" | {PAPER_ABLATION.get(name, '-')} |")
+    taus = [[name, *(f"{cells[name, d]['tau']:.2f}" for d in distances), str(PAPER_ABLATION.get(name, "-"))]
+            for name in drafters]  # fmt: skip
+    lines = table(header, taus, "l" + "r" * (len(distances) + 1))
     accuracy = min(row["target_accuracy"] for row in rows)
     identical = all(row["greedy_identical"] for row in rows)
     lines += [

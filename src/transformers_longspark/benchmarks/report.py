@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from .common import format_length
 
-
-def _fmt(value: Any, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
+RANDOM_DRAFTER = "**The drafter is RANDOM (untrained): its tau and speedups are not meaningful.**"
 
 
-def _speedup(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}x"
+def table(header: Sequence[str], rows: Iterable[Sequence[str]], align: str) -> list[str]:
+    """The lines of a Markdown table: `header`, the separator (`align`: `l` or `r` per column), then `rows`."""
+    separator = "|" + "".join("---:|" if side == "r" else "---|" for side in align)
+    return [f"| {' | '.join(header)} |", separator, *(f"| {' | '.join(cells)} |" for cells in rows)]
+
+
+def _fmt(value: Any, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else format(value, spec) + suffix
 
 
 def _speed_cells(row: Mapping[str, Any]) -> list[str]:
@@ -27,23 +31,13 @@ def _speed_cells(row: Mapping[str, Any]) -> list[str]:
     lookup = "-"
     if row.get("lookup_round_share") is not None:
         lookup = f"{row['lookup_rounds']} ({100 * row['lookup_round_share']:.0f}%)"
-    return [
-        row["workload"],
-        row["mode"],
-        row["label"],
-        _fmt(row["tau"], ".2f"),
-        _fmt(row["tokens_per_s"], ".1f"),
-        _speedup(row["speedup"]),
-        _speedup(row.get("speedup_vs_best_plain")),
-        _fmt(row.get("decode_tokens_per_s"), ".1f"),
-        _speedup(row.get("decode_speedup")),
-        _speedup(row.get("decode_speedup_vs_best_plain")),
-        _fmt(row.get("verify_ms_per_round"), ".1f"),
-        _fmt(row.get("proposal_ms_per_round"), ".2f"),
-        _fmt(row.get("context_update_ms_per_round"), ".2f"),
-        lookup,
-        identical,
-    ]
+    rates = [_fmt(row["tau"], ".2f")]
+    for decode in ("", "decode_"):  # tokens/s, its speedup over plain and over the best plain path
+        rates.append(_fmt(row.get(f"{decode}tokens_per_s"), ".1f"))
+        rates += [_fmt(row.get(f"{decode}speedup{over}"), ".2f", "x") for over in ("", "_vs_best_plain")]
+    parts = (("verify", ".1f"), ("proposal", ".2f"), ("context_update", ".2f"))
+    costs = [_fmt(row.get(f"{part}_ms_per_round"), spec) for part, spec in parts]
+    return [row["workload"], row["mode"], row["label"], *rates, *costs, lookup, identical]
 
 
 def _best_plain_notes(rows) -> list[str]:
@@ -60,42 +54,32 @@ def _best_plain_notes(rows) -> list[str]:
 def format_acceptance(report: Mapping[str, Any]) -> str:
     """Per-position acceptance of the drafter methods as a Markdown table: `P(drafts 1..i accepted)` over all rounds,
     the rounds that proposed the lookup continuation, and those that proposed nothing (plain steps)."""
-    lines = [
-        "| workload | mode | method | rounds | lookup rounds | plain rounds | acceptance by position (1, 2, ...) |",
-        "|---|---|---|---:|---:|---:|---|",
-    ]
-    for row in report["rows"]:
-        if "acceptance_rates" in row:
-            rates = " ".join(f"{rate:.2f}" for rate in row["acceptance_rates"]) or "-"
-            counts = [str(row["rounds"]), str(row["lookup_rounds"]), str(row.get("plain_rounds", 0))]
-            cells = [row["workload"], row["mode"], row["label"], *counts, rates]
-            lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    header = ["workload", "mode", "method", "rounds", "lookup rounds", "plain rounds",
+              "acceptance by position (1, 2, ...)"]  # fmt: skip
+    rows = [
+        [row["workload"], row["mode"], row["label"], str(row["rounds"]), str(row["lookup_rounds"]),
+         str(row.get("plain_rounds", 0)), " ".join(f"{rate:.2f}" for rate in row["acceptance_rates"]) or "-"]
+        for row in report["rows"] if "acceptance_rates" in row
+    ]  # fmt: skip
+    return "\n".join(table(header, rows, "lllrrrl")) + "\n"
 
 
 def format_markdown(report: Mapping[str, Any]) -> str:
     """The speed report as Markdown: one row per workload, mode and method, the drafters' per-position acceptance,
     then the machine and settings."""
-    header = (
-        "| workload | mode | method | tau | tok/s | speedup | vs best plain | decode tok/s | decode speedup "
-        "| decode vs best plain | verify ms/round | propose ms/round | update ms/round | lookup rounds "
-        "| greedy identical |\n"
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n"
-    )
-    lines = ["| " + " | ".join(_speed_cells(row)) + " |" for row in report["rows"]]
-    machine = report.get("machine", {})
-    settings = report.get("settings", {})
-    drafter = report.get("drafter", {})
+    header = ["workload", "mode", "method", "tau", "tok/s", "speedup", "vs best plain", "decode tok/s",
+              "decode speedup", "decode vs best plain", "verify ms/round", "propose ms/round", "update ms/round",
+              "lookup rounds", "greedy identical"]  # fmt: skip
+    lines = table(header, [_speed_cells(row) for row in report["rows"]], "lll" + "r" * 11 + "l")
+    machine, settings = report.get("machine", {}), report.get("settings", {})
+    variants = settings.get("variants", {})
     notes = [
         f"Machine: {machine.get('cpu')} ({machine.get('cpu_cores')} cores, {machine.get('torch_threads')} torch "
         f"threads), torch {machine.get('torch')}, transformers {machine.get('transformers')}, {machine.get('device')}.",
         f"Settings: max_new_tokens={settings.get('max_new_tokens')}, sampled at T={settings.get('temperature')} "
         f"(no top-k/top-p), prompt_lookup_num_tokens={settings.get('prompt_lookup_num_tokens')}, "
         f"ignore_eos={settings.get('ignore_eos')}.",
-        *(
-            f"Variant {name}: LongSpark with {json.dumps(changed)}."
-            for name, changed in settings.get("variants", {}).items()
-        ),
+        *(f"Variant {name}: LongSpark with {json.dumps(changed)}." for name, changed in variants.items()),
         "tau = (new tokens - 1) / verification rounds; speedup is over plain generate in the same mode, end to end "
         "(tok/s, prompt processing included) and for decoding alone (decode tok/s: the tokens after the first over "
         'the time after the prefill); "vs best plain" is over the fastest plain path measured in the same run '
@@ -105,52 +89,41 @@ def format_markdown(report: Mapping[str, Any]) -> str:
         "lookup rounds: rounds that proposed the lookup continuation instead of a drafted block; plain rounds: rounds "
         "that proposed nothing (the cost model found no source worth its cost), i.e. plain decoding steps.",
     ]
-    if drafter and drafter.get("trained") is False:
-        notes.append("**The drafter is RANDOM (untrained): its tau and speedups are not meaningful.**")
+    if report.get("drafter", {}).get("trained") is False:
+        notes.append(RANDOM_DRAFTER)
     acceptance = format_acceptance(report)
     if acceptance.count("\n") > 2:
         heading = "\nPer-position acceptance (P(drafts 1..i all accepted), over every verified round):\n\n"
         notes.append(heading + acceptance)
-    return header + "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
-
-
-def _round_cost_ratio_line(result: Mapping[str, Any]) -> str | None:
-    """E.g. "Round cost 128K / 512: LongSpark 1.00x, LongSpark + lookup 1.01x, full-prefix 42.0x"."""
-    ratio = result.get("round_cost_ratio")
-    if not ratio:
-        return None
-    names = {"longspark": "LongSpark", "longspark_lookup": "LongSpark + lookup", "full_prefix": "full-prefix"}
-    parts = [f"{label} {ratio[name]:.2f}x" for name, label in names.items() if ratio.get(name) is not None]
-    shortest, longest = (format_length(length) for length in ratio["lengths"])
-    return f"\nRound cost {longest} / {shortest} (median ms per round, longest over shortest): {', '.join(parts)}"
+    return "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
 
 
 def format_drafting_cost(result: Mapping[str, Any]) -> str:
     """The drafting-cost report as a Markdown table, one row per prefix length (synthetic ones marked); with the
     lookup source timed, its round and its index bytes per request too."""
     lookup = "longspark_lookup_ms" in result
-    header = "| prefix | LongSpark ms/round | full-prefix ms/round | LongSpark state | full-prefix state |"
-    if lookup:
-        header += " LongSpark + lookup ms/round | lookup index / request | lookup hits |"
-    lines = [header, "|" + "---:|" * header.count(" |")]
+    header = ["prefix", "LongSpark ms/round", "full-prefix ms/round", "LongSpark state", "full-prefix state"]
+    header += ["LongSpark + lookup ms/round", "lookup index / request", "lookup hits"] if lookup else []
     synthetic = result.get("synthetic") or [False] * len(result["prefix_lengths"])
+    rows = []
     for i, length in enumerate(result["prefix_lengths"]):
-        line = (
-            f"| {length}{' (synthetic)' if synthetic[i] else ''} | {result['longspark_ms'][i]:.2f} "
-            f"| {result['full_prefix_ms'][i]:.2f} | {result['longspark_state_bytes'][i] / 1024:.1f} KiB "
-            f"| {result['full_prefix_state_bytes'][i] / 2**20:.2f} MiB |"
-        )
+        rows.append([f"{length}{' (synthetic)' if synthetic[i] else ''}", f"{result['longspark_ms'][i]:.2f}",
+                     f"{result['full_prefix_ms'][i]:.2f}", f"{result['longspark_state_bytes'][i] / 1024:.1f} KiB",
+                     f"{result['full_prefix_state_bytes'][i] / 2**20:.2f} MiB"])  # fmt: skip
         if lookup:
-            line += (
-                f" {result['longspark_lookup_ms'][i]:.2f} | {result['lookup_index_bytes'][i] / 2**20:.2f} MiB "
-                f"| {result['lookup_hit_rounds'][i]}/{result['rounds'] + result['warmup']} |"
-            )
-        lines.append(line)
-    ratio = _round_cost_ratio_line(result)
-    if ratio:
-        lines.append(ratio)
-    for skip in result.get("skipped", []):
-        lines.append(f"\nskipped {skip['prefix_length']}: {skip['reason']}")
+            rows[-1] += [f"{result['longspark_lookup_ms'][i]:.2f}",
+                         f"{result['lookup_index_bytes'][i] / 2**20:.2f} MiB",
+                         f"{result['lookup_hit_rounds'][i]}/{result['rounds'] + result['warmup']}"]  # fmt: skip
+    lines = table(header, rows, "r" * len(header))
+    ratio = result.get("round_cost_ratio")
+    if ratio:  # e.g. "Round cost 128K / 512 (...): LongSpark 1.00x, LongSpark + lookup 1.01x, full-prefix 42.0x"
+        names = {"longspark": "LongSpark", "longspark_lookup": "LongSpark + lookup", "full_prefix": "full-prefix"}
+        parts = [f"{label} {ratio[name]:.2f}x" for name, label in names.items() if ratio.get(name) is not None]
+        shortest, longest = (format_length(length) for length in ratio["lengths"])
+        lines.append(
+            f"\nRound cost {longest} / {shortest} (median ms per round, longest over shortest): " + ", ".join(parts)
+        )
+    lines += [f"\nskipped {skip['prefix_length']}: {skip['reason']}" for skip in result.get("skipped", [])]
     if any(synthetic):
         lines.append("\n(synthetic): random K/V in the selected target layers and random boundary states.")
     if lookup:
@@ -165,9 +138,57 @@ def format_drafting_cost(result: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _save(fig, path: str | os.PathLike) -> Path:
+def format_verify_cost(result: Mapping[str, Any]) -> str:
+    """The verify-cost report as a Markdown table: one row per prefix, and per token count `k` the stock ms, the
+    fast ms and the fast forward's ratio to one stock decoding step."""
+    counts = result["num_tokens"]
+    header = ["prefix", *(f"k={k} {column}" for k in counts for column in ("stock ms", "fast ms", "fast/stock-1"))]
+    rows = []
+    for i, length in enumerate(result["prefix_lengths"]):
+        rows.append([format_length(length)])
+        for j in range(len(counts)):
+            ratio = result["ratio_to_stock_one_token"][i][j]
+            rows[-1] += [f"{result['stock_ms'][i][j]:.2f}", f"{result['longspark_ms'][i][j]:.2f}", _fmt(ratio, ".2f")]
+    note = (
+        f"\nMedian of {result['repeats']} forwards after {result['warmup']} untimed ones, stock and fast "
+        "interleaved; the crop back to the prefix is not timed. fast/stock-1: fast k-token forward over the "
+        "stock 1-token forward (one plain decoding step)."
+    )
+    return "\n".join([*table(header, rows, "r" * len(header)), note]) + "\n"
+
+
+def format_memory(result: Mapping[str, Any]) -> str:
+    """The memory report as a Markdown table, one row per prompt length."""
+    header = ["prompt tokens", "plain peak MiB", "assisted peak MiB", "extra peak MiB", "extra at run time MiB"]
+    rows = [[str(row["prompt_length"]), f"{row['plain_peak_mib']:.1f}", f"{row['assisted_peak_mib']:.1f}",
+             f"{row['extra_peak_mib']:+.1f}", f"{row['extra_runtime_mib']:+.1f}"]
+            for row in result["lengths"]]  # fmt: skip
+    note = f"\nextra peak growth from shortest to longest prompt: {result['extra_peak_growth_mib']:+.1f} MiB"
+    return "\n".join([*table(header, rows, "rrrrr"), note]) + "\n"
+
+
+def two_panels(figsize=(10, 3.8)):
+    """`(pyplot, figure, (left, right))`: a figure of two panels, drawn off-screen (Agg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fig, axes = plt.subplots(1, 2, figsize=figsize)
+    return plt, fig, axes
+
+
+def finish(plt, fig, axes, lengths, labels: Sequence[tuple[str | None, str]], path: str | os.PathLike) -> Path:
+    """Puts prefix length (log scale) on both panels' x axes, their `(title, y label)`, and writes `path` (PNG...)."""
+    for ax, (title, ylabel) in zip(axes, labels):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(lengths)
+        ax.set_xticklabels([format_length(t) for t in lengths])
+        ax.set_xlabel("prefix length (tokens)")
+        ax.grid(True, alpha=0.3)
+        ax.set_ylabel(ylabel)
+        if title:
+            ax.set_title(title)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
@@ -176,39 +197,14 @@ def _save(fig, path: str | os.PathLike) -> Path:
     return path
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _length_axis(ax, lengths) -> None:
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(lengths)
-    ax.set_xticklabels([format_length(t) for t in lengths])
-    ax.set_xlabel("prefix length (tokens)")
-    ax.grid(True, alpha=0.3)
-
-
 # The drafting-cost figure's curves: drafter (its `{name}_ms` field), label, bytes-per-request field, line style.
 DRAFTING_COST_CURVES = (
     ("longspark", "LongSpark (window + summary)", "longspark_state_bytes", dict(marker="o", color="tab:blue")),
-    (
-        "full_prefix",
-        "full-prefix drafter",
-        "full_prefix_state_bytes",
-        dict(marker="s", color="tab:red", linestyle="--"),
-    ),
-    (
-        "longspark_lookup",
-        "LongSpark + lookup (index per request)",
-        "lookup_index_bytes",
-        dict(marker="^", color="tab:green", linestyle="-."),
-    ),
-)
+    ("full_prefix", "full-prefix drafter", "full_prefix_state_bytes",
+     dict(marker="s", color="tab:red", linestyle="--")),
+    ("longspark_lookup", "LongSpark + lookup (index per request)", "lookup_index_bytes",
+     dict(marker="^", color="tab:green", linestyle="-.")),
+)  # fmt: skip
 
 
 def plot_drafting_cost(result: Mapping[str, Any], path: str | os.PathLike) -> Path:
@@ -216,80 +212,50 @@ def plot_drafting_cost(result: Mapping[str, Any], path: str | os.PathLike) -> Pa
     memory (log scale) vs prefix length (log scale), LongSpark vs the full-prefix baseline (and, when timed, the round
     with the lookup source and its index per request). Synthetic-cache lengths are drawn dotted with hollow markers on
     a shaded range. Writes `path` (PNG, PDF, ...)."""
-    plt = _pyplot()
     lengths = result["prefix_lengths"]
     synthetic = result.get("synthetic") or [False] * len(lengths)
-    fig, (time_ax, mem_ax) = plt.subplots(1, 2, figsize=(10, 3.8))
+    plt, fig, (time_ax, mem_ax) = two_panels()
     real = [i for i, s in enumerate(synthetic) if not s]
     fake = [i for i, s in enumerate(synthetic) if s]
     for name, label, bytes_field, style in DRAFTING_COST_CURVES:
         if f"{name}_ms" not in result:
             continue
-        style = dict(style, label=label)
         mebibytes = [b / 2**20 for b in result[bytes_field]]
         for ax, values in ((time_ax, result[f"{name}_ms"]), (mem_ax, mebibytes)):
             if real:
-                ax.plot([lengths[i] for i in real], [values[i] for i in real], **style)
-            if fake:
-                # Joined to the last real point, so that each method stays one curve.
+                ax.plot([lengths[i] for i in real], [values[i] for i in real], label=label, **style)
+            if fake:  # joined to the last real point, so that each method stays one curve
                 joined = real[-1:] + fake
                 hollow = dict(linestyle=":", color=style["color"], marker=style["marker"], markerfacecolor="none")
-                label = None if real else style["label"]
-                ax.plot([lengths[i] for i in joined], [values[i] for i in joined], label=label, **hollow)
+                hollow["label"] = None if real else label
+                ax.plot([lengths[i] for i in joined], [values[i] for i in joined], **hollow)
     for ax in (time_ax, mem_ax):
-        _length_axis(ax, lengths)
         if fake:
-            ax.axvspan(
-                min(lengths[i] for i in fake) / 2**0.5,
-                max(lengths) * 2**0.5,
-                color="0.92",
-                zorder=0,
-                label="synthetic cache",
-            )
+            low, high = min(lengths[i] for i in fake) / 2**0.5, max(lengths) * 2**0.5
+            ax.axvspan(low, high, color="0.92", zorder=0, label="synthetic cache")
         ax.legend()
-    time_ax.set_ylabel("drafting time per round (ms)")
     time_ax.set_ylim(bottom=0)
-    time_ax.set_title("(a) drafting cost per round")
     mem_ax.set_yscale("log")
-    mem_ax.set_ylabel("drafter context state (MiB)")
-    mem_ax.set_title("(b) drafter context-state memory")
-    return _save(fig, path)
-
-
-def format_verify_cost(result: Mapping[str, Any]) -> str:
-    """The verify-cost report as a Markdown table: one row per prefix, and per token count `k` the stock ms, the
-    fast ms and the fast forward's ratio to one stock decoding step."""
-    counts = result["num_tokens"]
-    header = "| prefix | " + " | ".join(f"k={k} stock ms | k={k} fast ms | k={k} fast/stock-1" for k in counts) + " |"
-    lines = [header, "|---:|" + "---:|" * (3 * len(counts))]
-    for i, length in enumerate(result["prefix_lengths"]):
-        cells = []
-        for j in range(len(counts)):
-            ratio = result["ratio_to_stock_one_token"][i][j]
-            cells += [f"{result['stock_ms'][i][j]:.2f}", f"{result['longspark_ms'][i][j]:.2f}", _fmt(ratio, ".2f")]
-        lines.append(f"| {format_length(length)} | " + " | ".join(cells) + " |")
-    lines.append(
-        f"\nMedian of {result['repeats']} forwards after {result['warmup']} untimed ones, stock and fast "
-        "interleaved; the crop back to the prefix is not timed. fast/stock-1: fast k-token forward over the "
-        "stock 1-token forward (one plain decoding step)."
-    )
-    return "\n".join(lines) + "\n"
+    labels = [
+        ("(a) drafting cost per round", "drafting time per round (ms)"),
+        ("(b) drafter context-state memory", "drafter context state (MiB)"),
+    ]
+    return finish(plt, fig, (time_ax, mem_ax), lengths, labels, path)
 
 
 def plot_verify_cost(result: Mapping[str, Any], path: str | os.PathLike) -> Path:
     """Two panels vs prefix length (log scale), one colour per token count `k`, stock dashed and fast solid:
     (a) ms per cached forward of `k` tokens, (b) the same over the stock 1-token forward. Writes `path`."""
-    plt = _pyplot()
     lengths, counts = result["prefix_lengths"], result["num_tokens"]
-    fig, (ms_ax, ratio_ax) = plt.subplots(1, 2, figsize=(10, 3.8))
-    colors = plt.get_cmap("tab10")
+    plt, fig, (ms_ax, ratio_ax) = two_panels()
     one = counts.index(1) if 1 in counts else None
+    styles = {
+        "stock": dict(linestyle="--", marker="s", markerfacecolor="none"),
+        "longspark": dict(linestyle="-", marker="o"),
+    }
     for j, k in enumerate(counts):
-        color = colors(j % 10)
-        for name, style in (
-            ("stock", dict(linestyle="--", marker="s", markerfacecolor="none")),
-            ("longspark", dict(linestyle="-", marker="o")),
-        ):
+        color = plt.get_cmap("tab10")(j % 10)
+        for name, style in styles.items():
             label = f"k={k} {'stock' if name == 'stock' else 'fast'}"
             ms = [row[j] for row in result[f"{name}_ms"]]
             ms_ax.plot(lengths, ms, color=color, label=label, **style)
@@ -297,31 +263,15 @@ def plot_verify_cost(result: Mapping[str, Any], path: str | os.PathLike) -> Path
                 ratios = [m / row[one] for m, row in zip(ms, result["stock_ms"], strict=True)]
                 ratio_ax.plot(lengths, ratios, color=color, label=label, **style)
     for ax in (ms_ax, ratio_ax):
-        _length_axis(ax, lengths)
         ax.set_ylim(bottom=0)
-    ms_ax.set_ylabel("cached target forward (ms)")
-    ms_ax.set_title("(a) verification forward of k tokens")
-    ratio_ax.set_ylabel("x stock 1-token forward")
-    ratio_ax.set_title("(b) relative to one stock decoding step")
     ratio_ax.axhline(1.0, color="0.5", linewidth=0.8)
     ms_ax.legend(fontsize=7, ncol=2)
-    return _save(fig, path)
-
-
-def format_memory(result: Mapping[str, Any]) -> str:
-    """The memory report as a Markdown table, one row per prompt length."""
-    lines = [
-        "| prompt tokens | plain peak MiB | assisted peak MiB | extra peak MiB | extra at run time MiB |",
-        "|---:|---:|---:|---:|---:|",
+    labels = [
+        ("(a) verification forward of k tokens", "cached target forward (ms)"),
+        ("(b) relative to one stock decoding step", "x stock 1-token forward"),
     ]
-    for row in result["lengths"]:
-        lines.append(
-            f"| {row['prompt_length']} | {row['plain_peak_mib']:.1f} | {row['assisted_peak_mib']:.1f} "
-            f"| {row['extra_peak_mib']:+.1f} | {row['extra_runtime_mib']:+.1f} |"
-        )
-    lines.append(f"\nextra peak growth from shortest to longest prompt: {result['extra_peak_growth_mib']:+.1f} MiB")
-    return "\n".join(lines) + "\n"
+    return finish(plt, fig, (ms_ax, ratio_ax), lengths, labels, path)
 
 
 __all__ = ["format_drafting_cost", "format_markdown", "format_memory", "format_verify_cost", "plot_drafting_cost",
-           "plot_verify_cost"]  # fmt: skip
+           "plot_verify_cost", "table"]  # fmt: skip

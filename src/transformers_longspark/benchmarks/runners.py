@@ -68,7 +68,10 @@ def _load_drafter_from(args: argparse.Namespace, target, path):
     return loading.load_drafter(target, path, seed=args.seed)
 
 
-def _write_outputs(args, result: dict[str, Any], table: str, plot: Callable | None = None) -> None:
+def _write_outputs(args, result: dict[str, Any], format: Callable, plot: Callable | None = None, **fields: Any):
+    """Adds `fields` to `result`, prints its table (`format`), writes the files asked for; returns `result`."""
+    result.update(fields)
+    table = format(result)
     print(table)
     if args.json:
         write_json(args.json, {**result, "command": getattr(args, "command_line", None)})
@@ -77,6 +80,7 @@ def _write_outputs(args, result: dict[str, Any], table: str, plot: Callable | No
         args.markdown.write_text(table, encoding="utf-8")
     if plot is not None and getattr(args, "plot", None):
         plot(result, args.plot)
+    return result
 
 
 def _run_drafting_cost(args: argparse.Namespace) -> dict[str, Any]:
@@ -93,20 +97,15 @@ def _run_drafting_cost(args: argparse.Namespace) -> dict[str, Any]:
             longest = min(longest, target.config.get_text_config().max_position_embeddings)
         prefix_ids = stdlib_token_ids(tokenizer, longest + 1)
     result = run_drafting_cost(target, drafter, settings, prefix_ids=prefix_ids)
-    result["prefix_source"] = "stdlib-code" if prefix_ids is not None else "random"
-    result["drafter"] = drafter_info
-    result["target"] = _target_name(args)
-    _write_outputs(args, result, format_drafting_cost(result), plot_drafting_cost)
-    return result
+    prefix_source = "stdlib-code" if prefix_ids is not None else "random"
+    fields = dict(prefix_source=prefix_source, drafter=drafter_info, target=_target_name(args))
+    return _write_outputs(args, result, format_drafting_cost, plot_drafting_cost, **fields)
 
 
 def _run_verify_cost(args: argparse.Namespace) -> dict[str, Any]:
     settings = VerifyCostSettings.from_args(args)
-    target, _ = _load_target(args)
-    result = run_verify_cost(target, settings)
-    result["target"] = _target_name(args)
-    _write_outputs(args, result, format_verify_cost(result), plot_verify_cost)
-    return result
+    result = run_verify_cost(_load_target(args)[0], settings)
+    return _write_outputs(args, result, format_verify_cost, plot_verify_cost, target=_target_name(args))
 
 
 def _load_prompts(args, target, tokenizer, num_short: int, block_size: int) -> dict[str, list[dict[str, Any]]]:
@@ -148,10 +147,8 @@ def _run_tau(args: argparse.Namespace) -> dict[str, Any]:
     block_size = max(drafter.config.block_size for drafter in drafters.values())
     prompts = _load_prompts(args, target, tokenizer, args.num_short_prompts, block_size)
     result = run_tau_benchmark(target, drafters, prompts, settings)
-    result["drafters"] = infos
-    result["target"] = _target_name(args)
-    _write_outputs(args, result, (format_tau_curve if args.by_length else format_tau)(result), plot_tau_curve)
-    return result
+    table = format_tau_curve if args.by_length else format_tau
+    return _write_outputs(args, result, table, plot_tau_curve, drafters=infos, target=_target_name(args))
 
 
 def _run_speed(args: argparse.Namespace) -> dict[str, Any]:
@@ -173,20 +170,16 @@ def _run_speed(args: argparse.Namespace) -> dict[str, Any]:
         settings = dataclasses.replace(settings, pad_token_id=pad_token_id)
         token_ids = {name: [p["input_ids"] for p in items] for name, items in prompts.items()}
         result = run_batched_benchmark(target, drafter, token_ids, settings, drafter_info=drafter_info)
-        result["target"] = _target_name(args)
-        _write_outputs(args, result, format_batched(result))
-        return result
+        return _write_outputs(args, result, format_batched, target=_target_name(args))
     result = run_speed_benchmark(target, tokenizer, drafter, prompts, settings, drafter_info=drafter_info)
-    _write_outputs(args, result, format_markdown(result))
-    return result
+    return _write_outputs(args, result, format_markdown)
 
 
 def _run_memory(args: argparse.Namespace) -> dict[str, Any]:
     if args.device != "cpu":
         raise ValueError("The memory benchmark measures CPU peak RSS; run it with --device cpu.")
     result = run_memory_benchmark(args.target, args.drafter, MemorySettings.from_args(args))
-    _write_outputs(args, result, format_memory(result))
-    return result
+    return _write_outputs(args, result, format_memory)
 
 
 RUNNERS: Mapping[str, Callable[[argparse.Namespace], dict[str, Any]]] = {

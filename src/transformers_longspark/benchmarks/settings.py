@@ -1,8 +1,9 @@
-"""The benchmarks' choices, defaults and settings: one frozen, validated settings object per entry point.
+"""The benchmarks' choices, defaults and settings: one frozen, validated settings object per entry point, whose fields
+also declare `longspark bench`'s options (`option`: the help text, and the command line's default where it differs).
 
 Imports nothing heavy, so that `longspark bench --help` reads the defaults without torch. Each object checks its
-values when built (a `ValueError` naming the field and the fix), so a bad value is refused before any model loads;
-`longspark bench` builds them from its options (`Settings.from_args`).
+values when built (a `ValueError` naming the field, its option and the fix), so a bad value is refused before any
+model loads; `longspark bench` builds them from its options (`Settings.from_args`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import argparse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 # speed.py
 MODES = ("greedy", "sampled")
@@ -28,8 +29,7 @@ COSTS_OFF = {"calibrate_costs": False, "draft_round_cost": 0.0, "verify_round_co
 DRAFTER_ALONE = {"lookup_min_match": 0, **COSTS_OFF}
 WHOLE_BLOCKS = {"assistant_confidence_threshold": 0.0, "block_confidence_threshold": 0.0}
 # Drafter methods and what each changes on the drafter for its runs (`speed.drafter_settings`): the shipped
-# configuration, and its attribution: each source alone, and neither (every round a plain step on the fast path: the
-# path's own cost). Any other setting is an A/B variant of the run (`--variant NAME KEY=VALUE ...`).
+# configuration and its attribution (`--methods`' help). Any other setting is an A/B variant (`--variant`).
 DRAFTER_METHODS: dict[str, dict[str, Any]] = {
     "longspark": {},
     "longspark_drafter_only": DRAFTER_ALONE,
@@ -37,8 +37,7 @@ DRAFTER_METHODS: dict[str, dict[str, Any]] = {
     "longspark_no_proposals": {"lookup_min_match": 0, "use_drafter": False},
     "full_prefix": {},
 }
-# The drafter attributes a variant may set besides its generation config (`speed.drafter_settings`), with what they
-# are outside one.
+# The drafter attributes a variant may set besides its generation config, with what they are outside one.
 DRAFTER_SWITCHES = {"fast_verification": True, "packed_weights": True, "linear_dtype": "auto"}
 # drafting_cost.py --with-lookup: the lookup source's settings.
 DEFAULT_LOOKUP_MIN_MATCH = 2
@@ -48,12 +47,6 @@ DEFAULT_LOOKUP_NUM_TOKENS = 10
 DEFAULT_LONG_LENGTHS = (2048, 4096, 8192)
 SHORT_SOURCES = ("gsm8k", "mmath-en", "stdlib-code")
 HELD_OUT_DIR = Path("data") / "smollm2" / "held_out"
-
-# drafting_cost.py and verify_cost.py
-DEFAULT_PREFIX_LENGTHS = (512, 1024, 2048, 4096, 8192)
-DEFAULT_SYNTHETIC_PREFIX_LENGTHS = (32768, 65536, 131072)
-DEFAULT_VERIFY_PREFIX_LENGTHS = DEFAULT_PREFIX_LENGTHS
-DEFAULT_NUM_TOKENS = (1, 2, 4, 8, 16)
 
 # models.py
 _QWEN3 = dict(vocab_size=151936, max_position_embeddings=40960, rms_norm_eps=1e-6, num_attention_heads=32,
@@ -71,38 +64,68 @@ SYNTHETIC_TARGETS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 """Qwen3 configs by name (hidden size, layers, heads, KV heads, head dim, MLP width as published)."""
 
+_SAME = object()
+
+
+def option(
+    default: Any,
+    help: str | None = None,
+    *,
+    minimum: int | None = None,
+    cli: Any = _SAME,
+    flag: str | None = None,
+    **arguments: Any,
+) -> Any:
+    """A settings field (default `default`; each integer of it checked to be >= `minimum`, if given) that is also a
+    `longspark bench` option if it has a `help`: its `flag` (default `--field-name`), its default on the command line
+    `cli` (if not `default`) and `add_argument`'s other arguments, which the default implies when not given: a bool is
+    a switch, a tuple `nargs="+"`, an int or float its type."""
+    if help is None:
+        return field(default=default, metadata={"minimum": minimum})
+    value = default if cli is _SAME else cli
+    sample = default if value is None else value
+    if isinstance(sample, bool):
+        arguments.setdefault("action", "store_false" if value else "store_true")
+    elif isinstance(sample, tuple):
+        arguments.setdefault("nargs", "+")
+        sample = sample[0] if sample else None
+    if isinstance(sample, (int, float)) and not isinstance(sample, bool):
+        arguments.setdefault("type", type(sample))
+    cli_default = list(value) if isinstance(value, tuple) else value
+    metadata = {"minimum": minimum, "flag": flag, "help": help, "default": cli_default, **arguments}
+    if isinstance(default, dict):
+        return field(default_factory=lambda: dict(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:
-    """What every benchmark takes: the seed of its random ids and sampling, and progress bars on stderr."""
+    """What every benchmark takes: the seed of its random ids and sampling, and progress bars on stderr. Fields given
+    as lists are kept as tuples (frozen)."""
 
-    seed: int = 0
+    seed: int = option(0, "seed of random prompts, drafters and sampling")
     progress: bool = False
-
-    # Fields given as lists are kept as tuples (frozen); `OPTIONS` names the command-line option of a field whose
-    # option has another name (for the messages).
-    OPTIONS: ClassVar[Mapping[str, str]] = {}
 
     def __post_init__(self) -> None:
         for item in fields(self):
             value = getattr(self, item.name)
             if isinstance(value, list):
-                object.__setattr__(self, item.name, tuple(value))
-
-    def _require(self, ok: bool, name: str, fix: str) -> None:
-        """Raises `ValueError` naming the field, its value and `fix`, unless `ok`."""
-        if not ok:
-            option = self.OPTIONS.get(name, "--" + name.replace("_", "-"))
-            value = getattr(self, name)
-            raise ValueError(f"{type(self).__name__}.{name}={value!r} ({option}): {fix}.")
-
-    def _require_counts(self, *names: str, minimum: int = 1) -> None:
-        """Each field of `names` is an integer >= `minimum`, or a non-empty tuple of them."""
-        for name in names:
-            value = getattr(self, name)
+                value = tuple(value)
+                object.__setattr__(self, item.name, value)
+            minimum, optional = item.metadata.get("minimum"), "None" in str(item.type)
+            if minimum is None or (value is None and optional):
+                continue
             values = value if isinstance(value, tuple) else (value,)
             valid = bool(values) and all(isinstance(v, int) and v >= minimum for v in values)
-            self._require(valid, name, f"pass {'integers' if isinstance(value, tuple) else 'an integer'} >= {minimum}")
+            kind = "integers" if isinstance(value, tuple) else "None or a count" if optional else "an integer"
+            self._require(valid, item.name, f"pass {kind} >= {minimum}")
+
+    def _require(self, ok: bool, name: str, fix: str) -> None:
+        """Raises `ValueError` naming the field, its option, its value and `fix`, unless `ok`."""
+        if not ok:
+            flag = next(item.metadata.get("flag") for item in fields(self) if item.name == name)
+            option = flag or "--" + name.replace("_", "-")
+            raise ValueError(f"{type(self).__name__}.{name}={getattr(self, name)!r} ({option}): {fix}.")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, **overrides: Any):
@@ -115,37 +138,44 @@ class Settings:
 
 @dataclass(frozen=True, kw_only=True)
 class SpeedSettings(Settings):
-    """`run_speed_benchmark`'s settings.
+    """`run_speed_benchmark`'s settings. `methods` may also be given per mode (`{"greedy": [...], "sampled": [...]}`);
+    `variants` is `{name: settings}` (`speed.drafter_settings`); sampled runs of prompt `i` start from the RNG seed
+    `seed + i` for every method; `ignore_eos` forces exactly `max_new_tokens` tokens (`min_new_tokens`)."""
 
-    Attributes:
-        max_new_tokens: new tokens per `generate` call.
-        modes: `"greedy"` and/or `"sampled"` (at `temperature`, no top-k/top-p).
-        methods: per mode (`{"greedy": [...], "sampled": [...]}`) or for every mode, from `METHODS` and the variants;
-            None: `DEFAULT_METHODS` (the full-prefix baseline greedy only) and every variant. `"plain"` is always
-            added.
-        temperature: temperature of the sampled mode.
-        prompt_lookup_num_tokens: tokens prompt lookup proposes.
-        variants: `{name: settings}`: LongSpark with these settings changed (`speed.drafter_settings`), each one more
-            method of the run: fields of the drafter's generation config, or `DRAFTER_SWITCHES`.
-        ignore_eos: force exactly `max_new_tokens` tokens (`min_new_tokens`) for equal-length runs.
-        warmup: run every (mode, method) once, untimed, on the first prompt before measuring.
-        seed: sampled runs of prompt `i` start from the RNG seed `seed + i` for every method.
-    """
-
-    max_new_tokens: int = 128
-    modes: tuple[str, ...] = MODES
-    methods: Mapping[str, Sequence[str]] | Sequence[str] | None = None
-    temperature: float = 1.0
-    prompt_lookup_num_tokens: int = 7
-    variants: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    ignore_eos: bool = False
-    warmup: bool = True
-
-    OPTIONS: ClassVar[Mapping[str, str]] = {"variants": "--variant"}
+    modes: tuple[str, ...] = option(MODES, "greedy decoding and/or sampling at --temperature", choices=list(MODES))
+    methods: Mapping[str, Sequence[str]] | Sequence[str] | None = option(
+        None,
+        f"methods for every mode, of: {', '.join(METHODS)}, and the --variant names. plain is always added (default: "
+        "all in greedy mode, all but full_prefix in sampled mode, and every variant). plain_fast is plain generate on "
+        "the fast verification path (reserved cache rows, grouped-head attention), plain_static with transformers' "
+        "static cache: speedups are also reported over the fastest plain path measured. longspark and full_prefix "
+        "verify on the fast path with the drafter's own generation config; attribution: longspark_drafter_only (the "
+        "drafter alone, every round drafts), longspark_lookup_only (the drafter priced out), longspark_no_proposals "
+        "(every round a plain step); prompt_lookup_fast is prompt lookup on the fast path",
+        nargs="+",
+        metavar="METHOD",
+    )
+    variants: Mapping[str, Mapping[str, Any]] = option(
+        {},
+        "one more method: LongSpark with these settings changed, for an A/B in one run (repeatable), e.g. --variant "
+        "whole_blocks assistant_confidence_threshold=0 block_confidence_threshold=0 --variant fp32_drafter "
+        "linear_dtype=float32. KEY is a field of the drafter's generation config, or fast_verification, "
+        "packed_weights or linear_dtype; VALUE is JSON (true, 0.3) or a string",
+        cli=[],
+        flag="--variant",
+        dest="variant",
+        nargs="+",
+        action="append",
+        metavar="NAME KEY=VALUE",
+    )
+    max_new_tokens: int = option(128, "new tokens per generate call", minimum=1)
+    temperature: float = option(1.0, "temperature of the sampled mode")
+    prompt_lookup_num_tokens: int = option(7, "tokens prompt lookup proposes", minimum=1)
+    ignore_eos: bool = option(False, "always generate --max-new-tokens tokens")
+    warmup: bool = option(True, "skip the untimed warm-up run of every method", flag="--no-warmup")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._require_counts("max_new_tokens", "prompt_lookup_num_tokens")
         _check_modes(self)
         object.__setattr__(self, "variants", {name: check_variant(name, s) for name, s in self.variants.items()})
         for names in self.methods_per_mode().values():
@@ -192,63 +222,69 @@ def check_variant(name: str, settings: Mapping[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True, kw_only=True)
 class BatchedSettings(Settings):
-    """`run_batched_benchmark`'s settings.
+    """`run_batched_benchmark`'s settings: `max_new_tokens`, `modes`, `temperature`, `ignore_eos` as `SpeedSettings`
+    (whose options they share), `pad_token_id` the left-padding id (None: the target's pad, else its EOS, else 0),
+    `warmup` untimed calls before the `repeats` (`common.measure`, interleaved)."""
 
-    Attributes:
-        batch_sizes: a batch of `b` takes the first `b` prompts of a workload, cycled.
-        max_new_tokens, modes, temperature, ignore_eos: as `SpeedSettings`.
-        pad_token_id: left-padding id (None: the target's pad, else its EOS, else 0).
-        repeats / warmup: timed and untimed `generate` calls per method and batch (`common.measure`, interleaved).
-    """
-
-    batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
-    max_new_tokens: int = 128
+    batch_sizes: tuple[int, ...] = option(
+        (1, 2, 4, 8),
+        "instead of the method comparison, time plain batched generate vs LongSpark batched at these batch sizes "
+        "(left-padded batches of the short and long prompts, cycled to fill them)",
+        minimum=1,
+        cli=None,
+    )
+    repeats: int = option(1, "timed calls per method and batch (--batch-sizes)", minimum=1)
+    max_new_tokens: int = option(128, minimum=1)
     modes: tuple[str, ...] = ("greedy",)
     pad_token_id: int | None = None
     temperature: float = 1.0
     ignore_eos: bool = False
-    repeats: int = 1
-    warmup: int = 1
+    warmup: int = option(1, minimum=0)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._require_counts("batch_sizes", "max_new_tokens", "repeats")
-        self._require_counts("warmup", minimum=0)
         _check_modes(self)
 
 
 @dataclass(frozen=True, kw_only=True)
 class DraftingCostSettings(Settings):
-    """`run_drafting_cost`'s settings.
+    """`run_drafting_cost`'s settings (what each measures: its docstring). The Python defaults time no synthetic
+    prefix and leave the lookup source off (`lookup_min_match=0`); `lookup_num_tokens=None` keeps the drafter's own,
+    `lookup_new_tokens=None` commits `block_size + 1` tokens per round."""
 
-    Attributes:
-        prefix_lengths: real-target prefixes, prefilled by the target (beyond `max_position_embeddings` skipped
-            unless `allow_extrapolation`).
-        rounds / warmup: measured and untimed drafting rounds per length (medians over `rounds`).
-        allow_extrapolation: also time prefixes beyond the target's `max_position_embeddings`.
-        prefill_chunk: tokens per prefill forward.
-        synthetic_prefix_lengths: prefixes timed on a synthetic cache (`drafting_cost.synthetic_cache`), any length.
-        lookup_min_match: > 0 also times the round with the lookup source on (`longspark_lookup`); 0: off.
-        lookup_num_tokens: tokens the lookup continuation proposes (None: the drafter's own setting).
-        lookup_new_tokens: tokens committed per lookup round, indexed before each query (None: block size + 1).
-    """
-
-    prefix_lengths: tuple[int, ...] = DEFAULT_PREFIX_LENGTHS
-    rounds: int = 20
-    warmup: int = 3
-    allow_extrapolation: bool = False
-    prefill_chunk: int = 1024
-    synthetic_prefix_lengths: tuple[int, ...] = ()
-    lookup_min_match: int = 0
-    lookup_num_tokens: int | None = None
-    lookup_new_tokens: int | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self._require_counts("rounds", "prefill_chunk")
-        self._require_counts("warmup", "lookup_min_match", minimum=0)
-        for name in ("lookup_num_tokens", "lookup_new_tokens"):
-            self._require(getattr(self, name) is None or getattr(self, name) >= 1, name, "pass None or a count >= 1")
+    prefix_lengths: tuple[int, ...] = option((512, 1024, 2048, 4096, 8192), "prefix lengths in tokens")
+    prefill_chunk: int = option(1024, "tokens per prefill forward", minimum=1)
+    synthetic_prefix_lengths: tuple[int, ...] = option(
+        (),
+        "also time these prefixes on a synthetic cache (random K/V in the selected layers only, any length); pass the "
+        "flag with no value to skip them",
+        cli=(32768, 65536, 131072),
+        nargs="*",
+    )
+    rounds: int = option(20, "measured rounds per length (median)", minimum=1)
+    warmup: int = option(3, "untimed rounds per length first", minimum=0)
+    allow_extrapolation: bool = option(False, "also time prefixes beyond max_position_embeddings")
+    lookup_min_match: int = option(
+        0,
+        "--with-lookup: the lookup source proposes where the request's last N (or more) tokens occurred before (the "
+        f"drafter's generation_config.lookup_min_match; default {DEFAULT_LOOKUP_MIN_MATCH})",
+        minimum=0,
+        cli=DEFAULT_LOOKUP_MIN_MATCH,
+    )
+    lookup_num_tokens: int | None = option(
+        None,
+        "--with-lookup: tokens the lookup continuation proposes (generation_config.lookup_num_tokens; default "
+        f"{DEFAULT_LOOKUP_NUM_TOKENS})",
+        minimum=1,
+        cli=DEFAULT_LOOKUP_NUM_TOKENS,
+    )
+    lookup_new_tokens: int | None = option(
+        None,
+        "--with-lookup: tokens committed per round, added to the index before each query (default: the block size + "
+        "1, what a round that accepts a whole block commits, as the timed summary update assumes)",
+        minimum=1,
+        type=int,
+    )
 
     def lookup_fields(self) -> dict[str, int]:
         """The drafter's generation-config fields that turn its lookup source on (none when `lookup_min_match` is 0)."""
@@ -260,54 +296,45 @@ class DraftingCostSettings(Settings):
 
 @dataclass(frozen=True, kw_only=True)
 class VerifyCostSettings(Settings):
-    """`run_verify_cost`'s settings: `prefix_lengths` x `num_tokens` (tokens per verification forward), medians of
-    `repeats` forwards after `warmup` untimed ones, prefills of `prefill_chunk` tokens per forward."""
+    """`run_verify_cost`'s settings: `prefix_lengths` x `num_tokens`, medians of `repeats` forwards after `warmup`."""
 
-    prefix_lengths: tuple[int, ...] = DEFAULT_VERIFY_PREFIX_LENGTHS
-    num_tokens: tuple[int, ...] = DEFAULT_NUM_TOKENS
-    repeats: int = 7
-    warmup: int = 2
-    prefill_chunk: int = 2048
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self._require_counts("prefix_lengths", "num_tokens", "repeats", "prefill_chunk")
-        self._require_counts("warmup", minimum=0)
+    prefix_lengths: tuple[int, ...] = option((512, 1024, 2048, 4096, 8192), "prefix lengths in tokens", minimum=1)
+    prefill_chunk: int = option(2048, "tokens per prefill forward", minimum=1)
+    num_tokens: tuple[int, ...] = option((1, 2, 4, 8, 16), "tokens per verification forward", minimum=1)
+    repeats: int = option(7, "timed forwards per (prefix, k, path), median", minimum=1)
+    warmup: int = option(2, "untimed forwards per (prefix, k, path) first", minimum=0)
 
 
 @dataclass(frozen=True, kw_only=True)
 class MemorySettings(Settings):
-    """`run_memory_benchmark`'s settings: one plain and one assisted process per prompt length (seeded random ids),
-    each generating `max_new_tokens` greedy tokens in `dtype` on `num_threads` torch threads (None: torch's choice),
-    each given `timeout` seconds (None: no limit)."""
+    """`run_memory_benchmark`'s settings: each process generates in `dtype` on `num_threads` torch threads (None:
+    torch's choice; the command's --dtype and --num-threads), and is given `timeout` seconds (None: no limit)."""
 
-    prompt_lengths: tuple[int, ...] = (1024, 8192)
-    max_new_tokens: int = 16
+    prompt_lengths: tuple[int, ...] = option(
+        (1024, 8192), "prompt lengths in tokens (seeded random ids), one plain and one assisted run each", minimum=1
+    )
+    max_new_tokens: int = option(16, "new tokens per generate call", minimum=1)
     dtype: str = "float32"
-    num_threads: int | None = 1
+    num_threads: int | None = option(1, minimum=1)
     timeout: float | None = 1800
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._require_counts("prompt_lengths", "max_new_tokens")
         self._require(self.dtype in ("float32", "bfloat16", "float16"), "dtype", "pass float32, bfloat16 or float16")
-        self._require(self.num_threads is None or self.num_threads >= 1, "num_threads", "pass None or a count >= 1")
         self._require(self.timeout is None or self.timeout > 0, "timeout", "pass None or seconds > 0")
 
 
 @dataclass(frozen=True, kw_only=True)
 class TauSettings(Settings):
-    """`run_tau_benchmark`'s settings: `max_new_tokens` greedy tokens per prompt; `whole_blocks` drafts whole blocks
-    (confidence thresholds 0), as the drafter was trained; `drafter_alone` turns the lookup source and the cost model
-    off, so that every round drafts."""
+    """`run_tau_benchmark`'s settings."""
 
-    max_new_tokens: int = 64
-    whole_blocks: bool = False
-    drafter_alone: bool = False
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self._require_counts("max_new_tokens")
+    max_new_tokens: int = option(64, "greedy new tokens per prompt", minimum=1)
+    whole_blocks: bool = option(
+        False, "draft whole blocks (confidence thresholds 0) instead of each drafter's own generation config"
+    )
+    drafter_alone: bool = option(
+        False, "the drafter alone: lookup off and costs 0, so that every round drafts (tau is the drafter's own)"
+    )
 
     def drafter_fields(self) -> dict[str, Any]:
         """The generation-config fields these settings set on every drafter."""

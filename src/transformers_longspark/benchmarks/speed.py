@@ -1,29 +1,13 @@
-"""Decoding speed side by side: the plain paths, prompt lookup, LongSpark (and what each of its sources adds) and the
-full-prefix drafter.
+"""Decoding speed side by side: the plain paths, prompt lookup, LongSpark (and what each of its sources adds, and
+A/B variants) and the full-prefix drafter, on the same prompts, interleaved (the methods: `settings.METHODS` and
+`--methods`' help).
 
-Definitions. A *round* is one target verification forward after the prefill. `tau = (new tokens - 1) / rounds`
+A *round* is one target verification forward after the prefill; `tau = (new tokens - 1) / rounds`
 (`inference.stats.tau`): the prefill forward yields the first new token and every round adds the accepted draft tokens
-plus one. Plain `generate` runs one forward per token, so its tau is 1. For prompt lookup, rounds are counted as
-target forward calls minus one (it may already verify candidates with the prefill, which the `tokens_per_forward`
-column, new tokens / target forwards, accounts for exactly).
-
-Fair baselines. Speculative methods verify on the fast path (`verification.py`: reserved cache rows, grouped-head
-attention), which also speeds up plain decoding. So every speedup is reported twice: over stock `generate` (`plain`)
-and over the fastest plain path of the same run (`speedup_vs_best_plain`): `plain`, `plain_fast` (plain `generate`
-inside `fast_verification` with a `DynamicCache` reserved for the prompt and the new tokens) and `plain_static`
-(transformers' static cache, `cache_implementation="static"`).
-
-Attribution. `longspark` runs as users get it: the fast verification path and the drafter's own generation config
-(confidence thresholds, lookup source, cost model). `longspark_drafter_only` is the drafter alone (lookup off, costs 0:
-every round drafts), `longspark_lookup_only` the lookup source alone (the drafter priced out), `longspark_no_proposals`
-neither (every round a plain step: what the fast path costs by itself), and `prompt_lookup_fast` stock prompt lookup
-inside `fast_verification`.
-
-Before and after. A *variant* is LongSpark with some settings changed, run as one more method of the same run
-(`variants={"whole_blocks": {"assistant_confidence_threshold": 0, "block_confidence_threshold": 0}}`, or on the
-command line `--variant whole_blocks assistant_confidence_threshold=0 block_confidence_threshold=0`): any field of
-the drafter's generation config (`inference/knobs.py`), and its switches `fast_verification`, `packed_weights` and
-`linear_dtype` (`drafter_settings`).
+plus one, so plain `generate`'s tau is 1. For prompt lookup, rounds are target forwards minus one (it may already
+verify candidates with the prefill, which `tokens_per_forward` accounts for exactly). Speculative methods verify on
+the fast path (`verification.py`), which speeds up plain decoding too, so every speedup is also reported over the
+fastest plain path of the same run (`speed_summary.add_speedups`).
 """
 
 from __future__ import annotations
@@ -46,7 +30,7 @@ from .common import generate_kwargs, generation_config_fields, machine_info, tim
 from .models import make_full_prefix_drafter
 from .prompts import chat_prompt_ids
 from .settings import DRAFTER_METHODS, DRAFTER_SWITCHES, METHODS, PLAIN_METHODS, SpeedSettings
-from .speed_summary import add_round_costs, add_speedups, summarize_runs
+from .speed_summary import add_speedups, summarize_runs
 
 # Methods without a drafter that `generate` runs inside `fast_verification`, with a cache of reserved rows.
 FAST_PATH_METHODS = ("plain_fast", "prompt_lookup_fast")
@@ -54,9 +38,6 @@ FAST_PATH_METHODS = ("plain_fast", "prompt_lookup_fast")
 # `_valid_auto_compile_criteria`). There `plain_static` gets one cache size for the whole run (the longest prompt's),
 # so that the graph compiled in the warm-up serves every call; elsewhere the cache is sized per call.
 AUTO_COMPILE_DEVICES = ("cuda", "xpu", "neuron", "tpu")
-
-Prompt = Mapping[str, Any]
-"""A benchmark prompt: `{"name": str, "input_ids": list[int], ...metadata}`."""
 
 
 @contextlib.contextmanager
@@ -81,20 +62,23 @@ def drafter_settings(drafter: LongSparkDrafterModel, settings: Mapping[str, Any]
 
 
 def _as_prompt(prompt: Any, tokenizer, index: int) -> dict[str, Any]:
-    if isinstance(prompt, Mapping):
-        if "input_ids" in prompt:
-            ids = prompt["input_ids"]
-            ids = ids.flatten().tolist() if isinstance(ids, torch.Tensor) else list(ids)
-            return {**prompt, "name": prompt.get("name", f"prompt-{index}"), "input_ids": ids}
-        if "messages" in prompt:
-            return {"name": f"prompt-{index}", **prompt, "input_ids": chat_prompt_ids(tokenizer, prompt["messages"])}
-    if isinstance(prompt, str):
-        if tokenizer is None:
-            raise ValueError("Text prompts need a tokenizer; pass token ids instead.")
-        return {"name": f"prompt-{index}", "input_ids": tokenizer(prompt)["input_ids"]}
-    if isinstance(prompt, torch.Tensor):
-        return {"name": f"prompt-{index}", "input_ids": prompt.flatten().tolist()}
-    return {"name": f"prompt-{index}", "input_ids": list(prompt)}
+    """`{"name", "input_ids": [...], ...metadata}` of a prompt given as such a dict, a chat (`messages`), a text, a 1-D
+    tensor `(t,)` or token ids."""
+    name = f"prompt-{index}"
+    if isinstance(prompt, Mapping) and "input_ids" in prompt:
+        return {**prompt, "name": prompt.get("name", name), "input_ids": _token_ids(prompt["input_ids"])}
+    if isinstance(prompt, Mapping) and "messages" in prompt:
+        return {"name": name, **prompt, "input_ids": chat_prompt_ids(tokenizer, prompt["messages"])}
+    if isinstance(prompt, str) and tokenizer is None:
+        raise ValueError("Text prompts need a tokenizer; pass token ids instead.")
+    return {
+        "name": name,
+        "input_ids": tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else _token_ids(prompt),
+    }
+
+
+def _token_ids(ids) -> list[int]:
+    return ids.flatten().tolist() if isinstance(ids, torch.Tensor) else list(ids)
 
 
 @dataclass
@@ -109,54 +93,47 @@ class _Runner:
     settings: SpeedSettings
     static_cache_len: int | None  # None: each static cache sized for its own call
 
-    def generate_kwargs(self, method: str, mode: str, max_new_tokens: int) -> dict[str, Any]:
-        """`generate`'s keyword arguments for one call of `method` in `mode`."""
-        settings = self.settings
+    @contextlib.contextmanager
+    def decoding(self, method: str, mode: str, max_new_tokens: int, prompt_length: int) -> Iterator[dict[str, Any]]:
+        """`generate`'s keyword arguments for one call of `method` in `mode`, inside the decoding path it runs on."""
+        settings, target, path = self.settings, self.target, contextlib.nullcontext()
         kwargs = generate_kwargs(mode, max_new_tokens, settings.temperature, settings.ignore_eos, self.pad_token_id)
         if method in ("prompt_lookup", "prompt_lookup_fast"):
             kwargs["prompt_lookup_num_tokens"] = settings.prompt_lookup_num_tokens
         elif method in self.drafters:
             kwargs["assistant_model"] = self.drafters[method]
+            path = drafter_settings(self.drafters[method], self.drafter_settings[method])
         elif method == "plain_static":
             kwargs["cache_implementation"] = "static"
             if self.static_cache_len is not None:
                 kwargs["max_cache_len"] = self.static_cache_len
+            # `generate` sizes a static cache for the longest call so far; sized for this call (or `max_cache_len`)
+            # instead, a short prompt does not attend over the masked rows of a longer earlier one.
+            vars(target).pop("_previous_max_cache_length", None)
         elif method not in PLAIN_METHODS:
             raise ValueError(f"Unknown method {method!r}; choose from {', '.join([*METHODS, *self.drafters])}.")
-        return kwargs
-
-    @contextlib.contextmanager
-    def method_path(self, method: str, kwargs: dict[str, Any], prompt_length: int) -> Iterator[None]:
-        """Sets up the decoding path of `method` for one `generate` call (mutates `kwargs`)."""
         if method in FAST_PATH_METHODS:
             # From outside `generate` only the attention can be switched, unless the cache is passed in: then its
             # layers get reserved rows too: the prompt's and the new tokens' (for prompt lookup, room for the last
             # round's candidates and bonus token too).
-            cache = kwargs["cache"] = DynamicCache(config=self.target.config)
+            cache = kwargs["cache"] = DynamicCache(config=target.config)
             candidates = kwargs.get("prompt_lookup_num_tokens", 0)
-            max_length = prompt_length + kwargs["max_new_tokens"] + (candidates + 1 if candidates else 0)
-            with fast_verification(self.target, cache, max_length):
-                yield
-        elif method == "plain_static":
-            # `generate` sizes a static cache for the longest call so far; sized for this call (or `max_cache_len`)
-            # instead, a short prompt does not attend over the masked rows of a longer earlier one.
-            vars(self.target).pop("_previous_max_cache_length", None)
-            yield
-        elif method in self.drafter_settings:
-            with drafter_settings(kwargs["assistant_model"], self.drafter_settings[method]):
-                yield
-        else:
-            yield
+            path = fast_verification(
+                target, cache, prompt_length + max_new_tokens + (candidates + 1 if candidates else 0)
+            )
+        with path:
+            yield kwargs
 
     def run(self, input_ids: torch.LongTensor, method: str, mode: str, max_new_tokens: int, seed: int | None):
         """One timed `generate` call of `method` on `input_ids` `(1, t)`: tokens, seconds, target forwards and
         their times, and for drafters the drafting stats (lookup rounds and per-position acceptance included)."""
-        kwargs = self.generate_kwargs(method, mode, max_new_tokens)
-        drafter = kwargs.get("assistant_model")
         if seed is not None:
             torch.manual_seed(seed)
-        target, device = self.target, self.device
-        with self.method_path(method, kwargs, input_ids.shape[1]), time_forward_calls(target, device) as calls:
+        target, device, drafter = self.target, self.device, self.drafters.get(method)
+        with (
+            self.decoding(method, mode, max_new_tokens, input_ids.shape[1]) as kwargs,
+            time_forward_calls(target, device) as calls,
+        ):
             seconds, output = timed_call(
                 lambda: target.generate(input_ids, attention_mask=torch.ones_like(input_ids), **kwargs), device=device
             )
@@ -217,7 +194,6 @@ def run_speed_benchmark(
         drafter_info: what the report says of the drafter (its folder, whether it is trained).
 
     Per prompt, the methods run back to back in an order rotated from prompt to prompt (A/B/A/B interleaving).
-    Speedups are over plain `generate` and over the fastest plain path measured (`speed_summary.add_speedups`).
 
     Returns:
         `{"machine", "settings", "drafter", "workloads": {name: {"prompts": [...], mode: {"methods": {method:
@@ -258,19 +234,17 @@ def run_speed_benchmark(
     report_workloads: dict[str, Any] = {}
     rows = []
     for workload, items in workloads.items():
-        prompts_info = [
+        info = [
             {**{k: v for k, v in p.items() if k != "input_ids"}, "prompt_tokens": len(p["input_ids"])} for p in items
         ]
-        entry: dict[str, Any] = {"prompts": prompts_info}
+        entry: dict[str, Any] = {"prompts": info}
         for mode in modes:
             runs = _run_prompts(runner, items, per_mode[mode], mode, max_new_tokens, seed, bar, workload)
             summaries = {method: summarize_runs(method_runs, method) for method, method_runs in runs.items()}
             add_speedups(summaries)
-            add_round_costs(summaries)
             rows += [{"workload": workload, "mode": mode, **summary} for summary in summaries.values()]
-            for method_runs in runs.values():
-                for run in method_runs:
-                    run.pop("new_ids")
+            for run in (run for method_runs in runs.values() for run in method_runs):
+                run.pop("new_ids")
             entry[mode] = {"methods": summaries, "runs": runs}
         report_workloads[workload] = entry
     bar.close()

@@ -38,12 +38,11 @@ def merge_histograms(histograms: Sequence[Sequence[int]]) -> list[int]:
 
 
 def _timing_fields(runs: Sequence[Mapping[str, Any]], tokens: int, seconds: float) -> dict[str, Any]:
-    """Verification ms per round, prefill ms and decoding tokens/s (the time after the prefill)."""
+    """Verification ms per round, prefill ms and decoding tokens/s: the tokens after the prefill's first one over the
+    time after the prefill (which every method spends alike, and which dominates long prompts)."""
     verify_rounds = sum(run["target_forwards"] - 1 for run in runs)  # every target forward after the prefill
     verify = sum(run["verify_seconds"] for run in runs)
     prefill = sum(run["prefill_seconds"] for run in runs)
-    # Decoding alone: the tokens after the prefill's first one, over the time after the prefill (which every method
-    # spends alike, and which dominates long prompts).
     decode_seconds = seconds - prefill
     decode_tokens = tokens - sum(1 for run in runs if run["new_tokens"] > 0)
     return {
@@ -54,36 +53,35 @@ def _timing_fields(runs: Sequence[Mapping[str, Any]], tokens: int, seconds: floa
 
 
 # The `DraftingStats` fields summed over runs for the per-drafter-round split (`DraftingStats.drafter_round_parts`).
-ROUND_PART_FIELDS = (
-    "drafter_rounds",
-    "proposal_seconds",
-    "planning_seconds",
-    "drafter_forward_seconds",
-    "context_update_seconds",
-)
+ROUND_PART_FIELDS = ("drafter_rounds", "proposal_seconds", "planning_seconds", "drafter_forward_seconds",
+                     "context_update_seconds")  # fmt: skip
 
 
 def _drafting_fields(runs: Sequence[Mapping[str, Any]], rounds: int) -> dict[str, Any]:
     """Drafted tokens, drafting ms per round (proposal, context update), context-state bytes, lookup rounds and the
     per-position acceptance `[P(draft 1 accepted), P(drafts 1-2 accepted), ...]` over all the runs' rounds."""
-    proposal = sum(run.get("proposal_seconds", 0.0) for run in runs)
-    update = sum(run.get("context_update_seconds", 0.0) for run in runs)
-    lookup_rounds = sum(run.get("lookup_rounds", 0) for run in runs)
-    plain_rounds = sum(run.get("plain_rounds", 0) for run in runs)
+
+    def total(name: str) -> float:
+        return sum(run.get(name, 0) for run in runs)
+
+    def per_round(value: float) -> float | None:
+        return value / rounds if rounds else None
+
+    proposal, update = total("proposal_seconds"), total("context_update_seconds")
     histogram = merge_histograms([run.get("accepted_histogram", []) for run in runs])
-    totals = DraftingStats(**{name: sum(run.get(name, 0) for run in runs) for name in ROUND_PART_FIELDS})
+    parts = DraftingStats(**{name: total(name) for name in ROUND_PART_FIELDS})
     return {
-        "drafter_rounds": totals.drafter_rounds,
-        "drafter_round_ms": totals.drafter_round_parts() if totals.drafter_rounds else None,
-        "drafted_tokens": sum(run.get("drafted_tokens", 0) for run in runs),
-        "proposal_ms_per_round": 1000.0 * proposal / rounds if rounds else None,
-        "context_update_ms_per_round": 1000.0 * update / rounds if rounds else None,
-        "drafting_ms_per_round": 1000.0 * (proposal + update) / rounds if rounds else None,
+        "drafter_rounds": parts.drafter_rounds,
+        "drafter_round_ms": parts.drafter_round_parts() if parts.drafter_rounds else None,
+        "drafted_tokens": total("drafted_tokens"),
+        "proposal_ms_per_round": per_round(1000.0 * proposal),
+        "context_update_ms_per_round": per_round(1000.0 * update),
+        "drafting_ms_per_round": per_round(1000.0 * (proposal + update)),
         "context_state_bytes": max(run.get("context_state_bytes", 0) for run in runs),
-        "lookup_rounds": lookup_rounds,
-        "lookup_round_share": lookup_rounds / rounds if rounds else None,
-        "plain_rounds": plain_rounds,
-        "plain_round_share": plain_rounds / rounds if rounds else None,
+        "lookup_rounds": total("lookup_rounds"),
+        "lookup_round_share": per_round(total("lookup_rounds")),
+        "plain_rounds": total("plain_rounds"),
+        "plain_round_share": per_round(total("plain_rounds")),
         "accepted_histogram": histogram,
         "acceptance_rates": DraftingStats(accepted_histogram=histogram).acceptance_rates(),
     }
@@ -129,36 +127,26 @@ def summarize_runs(runs: Sequence[Mapping[str, Any]], method: str) -> dict[str, 
 SPEEDUPS = (("speedup", "tokens_per_s", "best_plain"), ("decode_speedup", "decode_tokens_per_s", "best_plain_decode"))
 
 
-def best_plain_method(summaries: Mapping[str, Mapping[str, Any]], rate: str = "tokens_per_s") -> str | None:
-    """The fastest plain path (`PLAIN_METHODS`) among `summaries` by `rate`, or `None` when none has that rate."""
-    measured = [method for method in PLAIN_METHODS if (summaries.get(method) or {}).get(rate)]
-    return max(measured, key=lambda method: summaries[method][rate], default=None)
-
-
-def add_round_costs(summaries: Mapping[str, dict[str, Any]]) -> None:
-    """`drafter_round_steps`: each drafter method's drafting time per drafter round over the plain step of the fast
-    path measured in the same run (`plain_fast`'s target forward per step), i.e. what a drafter round costs in target
-    steps."""
-    step = (summaries.get("plain_fast") or {}).get("verify_ms_per_round")
-    for summary in summaries.values():
-        parts = summary.get("drafter_round_ms")
-        summary["drafter_round_steps"] = parts["total"] / step if parts and step else None
-
-
 def add_speedups(summaries: Mapping[str, dict[str, Any]]) -> None:
     """Speedups of each method, end to end (`speedup`, tokens/s) and for decoding alone (`decode_speedup`, the time
-    after the prefill): over plain `generate`, and over the fastest plain path measured in the same run
-    (`speedup_vs_best_plain`, `decode_speedup_vs_best_plain`; which one it was: `best_plain`, `best_plain_decode`)."""
+    after the prefill): over plain `generate`, and over the fastest plain path (`PLAIN_METHODS`) measured in the same
+    run (`speedup_vs_best_plain`, `decode_speedup_vs_best_plain`; which one it was: `best_plain`,
+    `best_plain_decode`). And `drafter_round_steps`: each drafter method's drafting time per drafter round over the
+    plain step of the fast path (`plain_fast`'s target forward per step), i.e. what a drafter round costs in steps."""
     for field, rate, best_field in SPEEDUPS:
         plain = summaries["plain"].get(rate)
-        best = best_plain_method(summaries, rate)
+        measured = [method for method in PLAIN_METHODS if (summaries.get(method) or {}).get(rate)]
+        best = max(measured, key=lambda method: summaries[method][rate], default=None)
         best_rate = summaries[best][rate] if best is not None else None
         for summary in summaries.values():
             value = summary.get(rate)
             summary[field] = value / plain if plain and value else None
             summary[f"{field}_vs_best_plain"] = value / best_rate if best_rate and value else None
             summary[best_field] = best
+    step = (summaries.get("plain_fast") or {}).get("verify_ms_per_round")
+    for summary in summaries.values():
+        parts = summary.get("drafter_round_ms")
+        summary["drafter_round_steps"] = parts["total"] / step if parts and step else None
 
 
-__all__ = ["METHOD_LABELS", "add_round_costs", "add_speedups", "best_plain_method", "merge_histograms",
-           "new_tokens_from_round_log", "summarize_runs"]  # fmt: skip
+__all__ = ["METHOD_LABELS", "add_speedups", "merge_histograms", "new_tokens_from_round_log", "summarize_runs"]

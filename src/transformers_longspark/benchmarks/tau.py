@@ -1,11 +1,9 @@
 """Held-out greedy tau and per-position acceptance of several drafters on the same prompts (`longspark bench tau`).
 
 Every drafter decodes every prompt greedily with `target.generate(assistant_model=drafter)`; greedy decoding is
-lossless, so all of them must produce the same tokens, which is checked and reported (`greedy_identical`). Per
-workload and drafter: tau (`inference.stats.tau`, summed over the prompts), the per-position acceptance
-`[P(draft 1 accepted), P(drafts 1-2 accepted), ...]` from `drafter.drafting_stats`, and the tokens per target step
-once each round is priced by this machine's calibrated costs (`inference.calibration`): what a user gets, so that a
-cheaper drafter that accepts less can win.
+lossless, so all of them must produce the same tokens, which is checked and reported (`greedy_identical`). Besides tau,
+the tokens per target step once each round is priced by this machine's calibrated costs (`inference.calibration`) say
+what a user gets, so that a cheaper drafter that accepts less can win.
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ from ..inference.calibration import calibrated_costs
 from ..inference.planning import RoundCosts
 from ..inference.stats import DraftingStats, tau
 from .common import machine_info
+from .report import _fmt, finish, table, two_panels
 from .settings import TauSettings
 
 FRESH_DRAFTERS = ("warm-start", "random")
@@ -66,6 +65,7 @@ def run_tau_benchmark(
     the rounds, a drafter round costing `draft_round_cost` and a lookup round nothing; with all costs 0 it is tau."""
     settings = settings or TauSettings()
     max_new_tokens = settings.max_new_tokens
+    greedy = dict(max_new_tokens=max_new_tokens, do_sample=False)
     device = next(target.parameters()).device
     rows = []
     bar = tqdm(total=sum(len(items) for items in prompts.values()) * len(drafters), disable=not settings.progress)
@@ -79,13 +79,7 @@ def run_tau_benchmark(
             total, new_tokens, cost_steps, outputs[name] = DraftingStats(), 0, 0.0, []
             for prompt in items:
                 ids = torch.tensor([prompt["input_ids"]], device=device)
-                out = target.generate(
-                    ids,
-                    attention_mask=torch.ones_like(ids),
-                    max_new_tokens=max_new_tokens,
-                    do_sample=False,
-                    assistant_model=drafter,
-                )
+                out = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=drafter, **greedy)
                 outputs[name].append(out[0, ids.shape[1] :].tolist())
                 new_tokens += out.shape[1] - ids.shape[1]
                 stats = drafter.drafting_stats
@@ -135,35 +129,28 @@ def round_cost_steps(stats: DraftingStats, costs: RoundCosts, prompt_length: int
 
 def format_tau(result: Mapping[str, Any]) -> str:
     """Markdown table of `run_tau_benchmark`'s result."""
-    lines = [
-        "| workload | drafter | prompts | tau | tokens per step | drafter round (steps) | rounds "
-        "| acceptance (draft 1, 1-2, ...) | greedy identical |",
-        "|---|---|---:|---:|---:|---:|---:|---|---|",
-    ]
-    for row in result["rows"]:
-        value = "-" if row["tau"] is None else f"{row['tau']:.3f}"
-        per_step = "-" if row.get("tokens_per_step") is None else f"{row['tokens_per_step']:.3f}"
-        round_cost = "-" if "costs" not in row else f"{row['costs']['draft_round_cost']:.3f}"
-        acceptance = " ".join(f"{rate:.2f}" for rate in row["acceptance_rates"][:8])
-        identical = "yes" if row["greedy_identical"] else "NO"
-        lines.append(
-            f"| {row['workload']} | {row['drafter']} | {row['prompts']} | {value} | {per_step} | {round_cost} | "
-            f"{row['rounds']} | {acceptance} | {identical} |"
-        )
+    header = ["workload", "drafter", "prompts", "tau", "tokens per step", "drafter round (steps)", "rounds",
+              "acceptance (draft 1, 1-2, ...)", "greedy identical"]  # fmt: skip
+    rows = [
+        [row["workload"], row["drafter"], str(row["prompts"]), _fmt(row["tau"], ".3f"),
+         _fmt(row.get("tokens_per_step"), ".3f"), _fmt(row.get("costs", {}).get("draft_round_cost"), ".3f"),
+         str(row["rounds"]), " ".join(f"{rate:.2f}" for rate in row["acceptance_rates"][:8]),
+         "yes" if row["greedy_identical"] else "NO"]
+        for row in result["rows"]
+    ]  # fmt: skip
     settings = result.get("settings", {})
-    lines += [
-        "",
+    note = (
         f"Greedy, {settings.get('max_new_tokens')} new tokens per prompt"
         + (", whole blocks" if settings.get("whole_blocks") else ", each drafter's own generation config")
         + (", the drafter alone (lookup off, costs 0)" if settings.get("drafter_alone") else "")
         + "; tau = (new tokens - prompts) / verification rounds over the prompts; tokens per step divides the same "
-        "tokens by the rounds' cost in target steps, from this machine's calibration (drafter round, verification).",
-    ]
-    return "\n".join(lines) + "\n"
+        "tokens by the rounds' cost in target steps, from this machine's calibration (drafter round, verification)."
+    )
+    return "\n".join([*table(header, rows, "llrrrrrll"), "", note]) + "\n"
 
 
-def _curves(result: Mapping[str, Any]) -> dict[str, dict[int, dict[str, Any]]]:
-    """drafter -> prefix length -> row, from the `long@<length>` rows of a `--by-length` run."""
+def _curves(result: Mapping[str, Any]) -> tuple[dict[str, dict[int, dict[str, Any]]], list[int]]:
+    """drafter -> prefix length -> row, from the `long@<length>` rows of a `--by-length` run, and the lengths."""
     curves: dict[str, dict[int, dict[str, Any]]] = {}
     for row in result["rows"]:
         workload, _, length = row["workload"].partition("@")
@@ -171,57 +158,45 @@ def _curves(result: Mapping[str, Any]) -> dict[str, dict[int, dict[str, Any]]]:
             curves.setdefault(row["drafter"], {})[int(length)] = row
     if not curves:
         raise ValueError("No per-length rows: run `longspark bench tau --by-length`.")
-    return curves
+    return curves, sorted({length for rows in curves.values() for length in rows})
+
+
+def _first_acceptance(row: Mapping[str, Any]) -> float:
+    return (row["acceptance_rates"] or [0.0])[0]
 
 
 def format_tau_curve(result: Mapping[str, Any]) -> str:
     """Markdown table of a `--by-length` run: per drafter, tau and P(draft 1 accepted) at each prefix length."""
-    curves = _curves(result)
-    lengths = sorted({length for rows in curves.values() for length in rows})
-    lines = [
-        "| drafter | " + " | ".join(f"{length:,} tokens" for length in lengths) + " |",
-        "|---|" + "---:|" * len(lengths),
-    ]
-    for name, rows in curves.items():
-        cells = [
-            "-" if n not in rows else f"{rows[n]['tau']:.2f} ({(rows[n]['acceptance_rates'] or [0.0])[0]:.2f})"
-            for n in lengths
-        ]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    curves, lengths = _curves(result)
+    header = ["drafter", *(f"{length:,} tokens" for length in lengths)]
+    rows = [[name, *("-" if n not in rows else f"{rows[n]['tau']:.2f} ({_first_acceptance(rows[n]):.2f})"
+                     for n in lengths)] for name, rows in curves.items()]  # fmt: skip
     settings, prompts = result.get("settings", {}), next(iter(curves.values()))[lengths[0]]["prompts"]
     alone = ", the drafter alone (lookup off, costs 0)" if settings.get("drafter_alone") else ""
-    lines += [
-        "",
+    blocks = ", whole blocks" if settings.get("whole_blocks") else ""
+    note = (
         f"Greedy tau (P(draft 1 accepted)) of {prompts} held-out files cut at each prefix length, "
-        f"{settings.get('max_new_tokens')} new tokens each{alone}"
-        + (", whole blocks" if settings.get("whole_blocks") else "")
-        + ".",
-    ]
-    return "\n".join(lines) + "\n"
+        f"{settings.get('max_new_tokens')} new tokens each{alone}{blocks}."
+    )
+    return "\n".join([*table(header, rows, "l" + "r" * len(lengths)), "", note]) + "\n"
 
 
 def plot_tau_curve(result: Mapping[str, Any], path: str | os.PathLike) -> Path:
     """Tau (left) and the acceptance of the first draft (right) vs prefix length, one line per drafter, from a
     `--by-length` run (workloads `long@<length>`). Writes `path` (PNG, PDF, ...)."""
-    from .report import _length_axis, _pyplot, _save
-
-    curves = _curves(result)
-    plt = _pyplot()
-    fig, (tau_axis, first_axis) = plt.subplots(1, 2, figsize=(10, 4))
-    lengths = sorted({length for rows in curves.values() for length in rows})
+    curves, lengths = _curves(result)
+    plt, fig, (tau_axis, first_axis) = two_panels(figsize=(10, 4))
     for name, rows in curves.items():
         xs = sorted(rows)
         tau_axis.plot(xs, [rows[x]["tau"] for x in xs], marker="o", label=name)
-        first_axis.plot(xs, [(rows[x]["acceptance_rates"] or [0.0])[0] for x in xs], marker="o", label=name)
-    for axis, label in ((tau_axis, "tau (tokens per verification round)"), (first_axis, "P(draft 1 accepted)")):
-        _length_axis(axis, lengths)
-        axis.set_ylabel(label)
+        first_axis.plot(xs, [_first_acceptance(rows[x]) for x in xs], marker="o", label=name)
     tau_axis.set_ylim(bottom=1.0)  # plain decoding's tau: the floor
     first_axis.set_ylim(0.0, 1.0)
     tau_axis.legend()
     settings = result.get("settings", {})
     fig.suptitle(f"Greedy acceptance vs prefix length, {settings.get('max_new_tokens')} new tokens per prompt")
-    return _save(fig, path)
+    labels = [(None, "tau (tokens per verification round)"), (None, "P(draft 1 accepted)")]
+    return finish(plt, fig, (tau_axis, first_axis), lengths, labels, path)
 
 
 __all__ = ["FRESH_DRAFTERS", "format_tau", "format_tau_curve", "fresh_drafter", "plot_tau_curve", "run_tau_benchmark"]

@@ -68,14 +68,12 @@ def _time_forwards(target, caches, ids, length: int, counts, repeats: int, warmu
 def run_verify_cost(target: PreTrainedModel, settings: VerifyCostSettings | None = None) -> dict[str, Any]:
     """Milliseconds of one cached target forward of `k` tokens after `t` cached rows, stock vs fast path.
 
-    `settings`: `VerifyCostSettings` (default `VerifyCostSettings()`). For each prefix length `t` of its
-    `prefix_lengths`: seeded random ids are prefilled once (stock, `prefill_chunk` tokens per forward) into
-    a `DynamicCache`, whose rows are copied into a reserved-rows cache for the fast path. Then for each `k` in
-    `num_tokens`, `forward(k tokens)` (logits of all `k`, as verification computes them) is timed on each path,
-    interleaved per repeat so that machine noise hits both alike; before each forward, untimed, `cache.crop(-k)` drops
-    the previous forward's rows, as assisted decoding does after a rejection. Times are medians of `repeats`
-    forwards after `warmup` untimed ones. Positions past `max_position_embeddings` are used as they come (the cost
-    depends on shapes alone). `progress` shows progress bars on stderr.
+    For each prefix length `t` of `settings` (`VerifyCostSettings`, default `VerifyCostSettings()`): seeded random ids
+    are prefilled once (stock, `prefill_chunk` tokens per forward) into a `DynamicCache`, whose rows are copied into a
+    reserved-rows cache for the fast path. Then for each `k` in `num_tokens`, `forward(k tokens)` (logits of all `k`,
+    as verification computes them) is timed on each path, interleaved per repeat; before each forward, untimed,
+    `cache.crop(-k)` drops the previous forward's rows, as assisted decoding does after a rejection. Times are medians
+    of `repeats` forwards after `warmup` untimed ones. Positions past `max_position_embeddings` are used as they come.
 
     Returns:
         `prefix_lengths`, `num_tokens`, `stock_ms` and `longspark_ms` (`[prefix][k]` median ms),
@@ -95,13 +93,9 @@ def run_verify_cost(target: PreTrainedModel, settings: VerifyCostSettings | None
         )
     device = next(target.parameters()).device
     generator = torch.Generator().manual_seed(settings.seed)
-    result: dict[str, Any] = {
-        "prefix_lengths": lengths,
-        "num_tokens": counts,
-        "stock_ms": [],
-        "longspark_ms": [],
-        "prefill_ms": [],
-    }
+    result: dict[str, Any] = dict(
+        prefix_lengths=lengths, num_tokens=counts, stock_ms=[], longspark_ms=[], prefill_ms=[]
+    )
     with torch.no_grad():
         for length in tqdm(lengths, desc="verify-cost", unit="prefix", disable=not progress):
             ids = torch.randint(0, config.vocab_size, (1, length + max(counts)), generator=generator).to(device)
@@ -114,7 +108,6 @@ def run_verify_cost(target: PreTrainedModel, settings: VerifyCostSettings | None
             for path in PATHS:
                 result[f"{path}_ms"].append(medians[path])
             del caches
-
     one = counts.index(1) if 1 in counts else None
     for path, field in (("longspark", "ratio_to_stock_one_token"), ("stock", "stock_ratio_to_stock_one_token")):
         result[field] = [
