@@ -6,7 +6,8 @@ memory-bound machine a 2-token forward's linear layers cost about twice a one-to
 2-vCPU AMD EPYC: all linear layers of one forward take 40 ms for 1 row, 70-90 ms for 2-8 rows). oneDNN's kernels
 over weights reordered once (`torch.ops.mkldnn._reorder_linear_weight`) read each weight once per call: 36 ms for
 1 row, 37-52 ms for 2-8 rows, and still ahead of sgemm at 64 rows. Past `MAX_PACKED_ROWS` rows (a prefill)
-sgemm's packing is amortised and the stock path is as fast, so it runs unchanged.
+sgemm's packing is amortised and the stock path is as fast, so it runs unchanged; so does one row (a one-token
+step), where `F.linear` is a matrix-vector product that repacks nothing and oneDNN's per-call setup would cost more.
 
 `packed_linear_weights(*models)` routes the `nn.Linear` layers of `models` through packed weights for this thread,
 for the duration of the block (`fast_verification` opens it for the target); `linear` is the same for a bare weight
@@ -58,6 +59,7 @@ _thread = _ThreadState()
 _routed: dict[int, tuple[int, torch.dtype | None]] = {}  # id(layer) -> (open blocks routing it, compute dtype)
 _lock = threading.Lock()
 _ONEDNN = torch.backends.mkldnn.is_available()
+_LINEAR_POINTWISE = torch.ops.mkldnn._linear_pointwise  # looked up once: `torch.ops` resolves names on every access
 # (ids of the weights, dtype) -> (weak references to them, (their storages and versions when packed), packed copy of
 # them stacked, in `dtype`, or None); outside the modules, so that copying, pickling or saving a model never meets a
 # oneDNN tensor. An entry goes with any of its weights. (Keyed by id: tensors compare elementwise, so they cannot be
@@ -189,10 +191,15 @@ def fused_linears(input: torch.Tensor, layers: tuple[nn.Linear, ...]) -> tuple[t
 def _packed_product(
     input: torch.Tensor, weights: _Weights, bias: torch.Tensor | None, compute: torch.dtype
 ) -> torch.Tensor | None:
-    """`input` times `weights` stacked, from their packed copy in `compute`, or `None` where none serves."""
+    """`input` times `weights` stacked, from their packed copy in `compute`, or `None` where none serves.
+
+    One row in the weights' own dtype is `None`: `F.linear` then runs BLAS's matrix-vector product, which reads each
+    weight once without repacking, and oneDNN's per-call setup (~30 us a product) would only add to it (SmolLM2-135M,
+    fp32, a one-token step on a 2-vCPU AMD EPYC: 65 ms with `F.linear`, 78 ms packed at one thread, equal at two)."""
+    rows = input.numel() // input.shape[-1] if input.dim() >= 2 else 0
     if not (
-        input.dim() >= 2
-        and input.numel() // input.shape[-1] <= MAX_PACKED_ROWS
+        0 < rows <= MAX_PACKED_ROWS
+        and (rows > 1 or compute != input.dtype)
         and all(input.dtype == w.dtype and _packable(w) for w in weights)
         and compute in _COMPUTE_DTYPES
         and not (torch.is_grad_enabled() and (input.requires_grad or any(w.requires_grad for w in weights)))
@@ -213,9 +220,9 @@ def _packed_product(
         out = torch._weight_int8pack_mm(rows, quantized, scale).view(*input.shape[:-1], -1).to(input.dtype)
         return out if bias is None else out + bias
     if compute == input.dtype:
-        return torch.ops.mkldnn._linear_pointwise(input, packed, bias, "none", [], "")
+        return _LINEAR_POINTWISE(input, packed, bias, "none", [], "")
     bias = None if bias is None else bias.to(compute)
-    return torch.ops.mkldnn._linear_pointwise(input.to(compute), packed, bias, "none", [], "").to(input.dtype)
+    return _LINEAR_POINTWISE(input.to(compute), packed, bias, "none", [], "").to(input.dtype)
 
 
 def _routed_forward(layer: nn.Linear, input: torch.Tensor) -> torch.Tensor:
