@@ -2,6 +2,7 @@
 (`inference/knobs.py`), and exactness with the drafter's linear layers in bfloat16 and with calibrated costs."""
 
 import copy
+import functools
 import json
 import math
 
@@ -224,22 +225,20 @@ def test_an_invalid_linear_dtype_is_refused():
         target.generate(torch.randint(0, 64, (1, 8)), max_new_tokens=4, assistant_model=drafter)
 
 
-@pytest.fixture(scope="module", params=[torch.bfloat16, torch.int8, torch.qint8], ids=["bf16", "int8", "qint8"])
-def low_precision_sampling_setup(request):
-    """The bigram target of the sampling tests, with a drafter whose linear layers run in bfloat16 (where the CPU
-    packs bf16; elsewhere they fall back to fp32), from int8 weights or in dynamic int8, and a cost model from a
-    calibration file."""
+@functools.cache
+def low_precision_sampling_setup(linear_dtype: torch.dtype):
+    """The bigram target of the sampling tests, with a drafter whose linear layers run in `linear_dtype`: bfloat16
+    (where the CPU packs bf16; elsewhere they fall back to fp32), int8 weights or dynamic int8."""
     target = make_bigram_target("llama", vocab_size=LAW_VOCAB, seed=3, temperature=0.05)
     drafter = make_oracle_drafter(target, strength=2.0, block_size=3, seed=5)
-    drafter.linear_dtype = request.param
+    drafter.linear_dtype = linear_dtype
     prompt = torch.tensor([[1, 4, 2, 5]])
     return target, drafter, prompt, exact_law(target, prompt)
 
 
-def test_sampling_with_a_low_precision_drafter_and_calibrated_costs_matches_the_target_law(
-    low_precision_sampling_setup, cache_dir
-):
-    target, drafter, prompt, law = low_precision_sampling_setup
+@pytest.mark.parametrize("linear_dtype", [torch.bfloat16, torch.int8, torch.qint8], ids=["bf16", "int8", "qint8"])
+def test_sampling_with_a_low_precision_drafter_and_calibrated_costs_matches_the_target_law(linear_dtype, cache_dir):
+    target, drafter, prompt, law = low_precision_sampling_setup(linear_dtype)
     drafter.generation_config.calibrate_costs = True
     write_calibration(target, drafter, {**COSTS, "draft_round_cost": 0.05, "verify_token_cost": 0.01})
     counts = sampled_counts(target, drafter, prompt)
@@ -247,10 +246,12 @@ def test_sampling_with_a_low_precision_drafter_and_calibrated_costs_matches_the_
     assert chi_square_pvalue(counts, law) > 1e-3
 
 
-def test_the_low_precision_sampling_test_detects_a_broken_verifier(low_precision_sampling_setup, monkeypatch):
+def test_the_low_precision_sampling_test_detects_a_broken_verifier(monkeypatch):
+    """The negative control, once: the test's power comes from the target's law and the drafter's proposals, not from
+    the precision its layers run in (dynamic int8 here, what `"auto"` picks on x86)."""
     from test_generation import broken_speculative_sampling
 
-    target, drafter, prompt, law = low_precision_sampling_setup
+    target, drafter, prompt, law = low_precision_sampling_setup(torch.qint8)
     drafter.generation_config.calibrate_costs = False
     monkeypatch.setattr(generation_utils, "_speculative_sampling", broken_speculative_sampling)
     counts = sampled_counts(target, drafter, prompt)

@@ -153,8 +153,9 @@ def sampling_setup():
     return target, drafter, prompt, exact_law(target, prompt)
 
 
-@pytest.mark.parametrize("thresholds", [(0.0, 0.0), (0.4, 0.0), (0.0, 0.5), (0.3, 0.25)],
-                         ids=["whole-blocks", "confidence-cut", "block-confidence-cut", "shipped-cuts"])  # fmt: skip
+# Whole blocks, and both confidence cuts at the shipped thresholds; each cut rule alone is checked where it is cheaper,
+# on hand-set laws (`test_exactness.py::test_emitted_law_is_the_target_law_under_every_cut`).
+@pytest.mark.parametrize("thresholds", [(0.0, 0.0), (0.3, 0.25)], ids=["whole-blocks", "shipped-cuts"])
 def test_sampling_matches_the_exact_target_law(sampling_setup, thresholds, monkeypatch):
     target, drafter, prompt, law = sampling_setup
     monkeypatch.setattr(drafter.generation_config, "assistant_confidence_threshold", thresholds[0])
