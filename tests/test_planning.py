@@ -221,6 +221,22 @@ def test_a_batched_round_pays_only_when_its_rows_repay_the_widest_proposal():
     assert batch_round_pays([untried, idle], [Source.DRAFTER, Source.NONE], [4, 0], 100, costs)
 
 
+def test_a_wide_batch_pays_each_verified_row_in_full():
+    """The same rows repay a proposal at batch 2 and not at batch 8: there a plain step already has 8 rows, and the
+    verification 8 * (1 + k) of them, on the forward's cost line that batch 1 measured."""
+    from transformers_longspark.inference.planning import batch_round_pays
+
+    costs = RoundCosts(draft_round_cost=0.1, verify_round_cost=0.05, verify_token_cost=0.07)
+    assert costs.batch_verify_cost(1, 7) == pytest.approx(costs.verify_cost(7))
+    assert costs.batch_verify_cost(8, 7) == pytest.approx((1 + 0.05 + 0.07 * 63) / (1 + 0.05 + 0.07 * 7) - 1)
+    planners = [RoundPlanner(costs) for _ in range(8)]
+    for planner in planners:  # blocks of 7 that keep ~1.5 drafts
+        planner.record(Source.DRAFTER, proposed=7, accepted=1)
+        planner.record(Source.DRAFTER, proposed=7, accepted=2)
+    assert batch_round_pays(planners[:2], [Source.DRAFTER] * 2, [7] * 2, 100, costs)
+    assert not batch_round_pays(planners, [Source.DRAFTER] * 8, [7] * 8, 100, costs)
+
+
 def test_a_batch_whose_proposals_do_not_pay_decodes_in_plain_batched_steps():
     """With drafting priced far above what its blocks keep, every batched round after the first drafter rounds is a
     plain step of the whole batch, and the output is plain batched `generate`'s."""

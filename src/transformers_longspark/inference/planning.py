@@ -114,6 +114,17 @@ class RoundCosts:
         """What verifying `proposed` tokens costs beyond a plain step, in steps."""
         return self.verify_round_cost + self.verify_token_cost * proposed
 
+    def batch_verify_cost(self, batch: int, proposed: int) -> float:
+        """What verifying `proposed` tokens in each of `batch` rows costs beyond a plain batched step, in such steps.
+
+        A forward's cost is read as a line in its rows, the line `verify_cost` measures at batch 1 (`1 + k` rows cost
+        `1 + verify_cost(k)` one-row steps): the verification's `batch * (1 + proposed)` rows against the plain
+        step's `batch`. So a wide batch pays each proposed token in full, where one row's step has rows to spare (on
+        a CPU, 8 rows cost ~1.5 one-row steps, 64 rows far more than 8 times 1.5); at batch 1 this is
+        `verify_cost(proposed)`."""
+        plain = 1.0 + self.verify_cost(batch - 1) if batch > 1 else 1.0
+        return (1.0 + self.verify_cost(batch * (1 + proposed) - 1)) / plain - 1.0
+
     def drafter_value(self, record: SourceRecord, length: int) -> float:
         """`(1 + E) / (1 + cost)` of a drafter round at a prefix of `length` tokens, from its running means;
         infinite while it is untried (try it first)."""
@@ -230,14 +241,14 @@ def batch_round_pays(
 ) -> bool:
     """Whether a batched round whose requests chose `sources`, proposing `proposed` tokens each, yields more tokens
     per step than a plain batched step. A batched verification pads every row to the widest proposal, so each row
-    pays for `max(proposed)` verified tokens (and the drafter's round if any row drafts), whatever it proposed itself:
-    the round pays when `sum(1 + E_r) / sum(1 + cost_r) >= 1`. `length` is the longest request's, for the drafter's
-    cost."""
+    pays for `max(proposed)` verified tokens (`RoundCosts.batch_verify_cost`, and the drafter's round if any row
+    drafts), whatever it proposed itself: the round pays when `sum(1 + E_r) / sum(1 + cost_r) >= 1`. `length` is the
+    longest request's, for the drafter's cost."""
     width = max(proposed, default=0)
     if width == 0:
         return True  # nothing proposed: the round is a plain step already
     drafter = costs.drafter_cost(length) if Source.DRAFTER in sources else 0.0
-    row_cost = 1.0 + costs.verify_cost(width) + drafter
+    row_cost = 1.0 + costs.batch_verify_cost(len(planners), width) + drafter
     tokens = sum(1.0 + p.expected_accepted(s, k) for p, s, k in zip(planners, sources, proposed, strict=True))
     return tokens >= row_cost * len(planners)
 
