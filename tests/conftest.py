@@ -14,6 +14,7 @@ torch.set_num_threads(1)
 # test command) the other worker takes the many short modules meanwhile instead of waiting for them at the end.
 SLOWEST_MODULES = (
     "test_vllm.py",
+    "test_regenerate_vllm.py",
     "test_generation.py",
     "test_draft_vocab.py",
     "test_exactness.py",
