@@ -59,7 +59,9 @@ _thread = _ThreadState()
 _routed: dict[int, tuple[int, torch.dtype | None]] = {}  # id(layer) -> (open blocks routing it, compute dtype)
 _lock = threading.Lock()
 _ONEDNN = torch.backends.mkldnn.is_available()
-_LINEAR_POINTWISE = torch.ops.mkldnn._linear_pointwise  # looked up once: `torch.ops` resolves names on every access
+# Looked up once (`torch.ops` resolves names on every access), and only where oneDNN is built in (elsewhere the op
+# may not exist).
+_LINEAR_POINTWISE = torch.ops.mkldnn._linear_pointwise if _ONEDNN else None
 # (ids of the weights, dtype) -> (weak references to them, (their storages and versions when packed), packed copy of
 # them stacked, in `dtype`, or None); outside the modules, so that copying, pickling or saving a model never meets a
 # oneDNN tensor. An entry goes with any of its weights. (Keyed by id: tensors compare elementwise, so they cannot be
@@ -196,10 +198,10 @@ def _packed_product(
     One row in the weights' own dtype is `None`: `F.linear` then runs BLAS's matrix-vector product, which reads each
     weight once without repacking, and oneDNN's per-call setup (~30 us a product) would only add to it (SmolLM2-135M,
     fp32, a one-token step on a 2-vCPU AMD EPYC: 65 ms with `F.linear`, 78 ms packed at one thread, equal at two)."""
-    rows = input.numel() // input.shape[-1] if input.dim() >= 2 else 0
+    num_rows = input.numel() // input.shape[-1] if input.dim() >= 2 else 0
     if not (
-        0 < rows <= MAX_PACKED_ROWS
-        and (rows > 1 or compute != input.dtype)
+        0 < num_rows <= MAX_PACKED_ROWS
+        and (num_rows > 1 or compute != input.dtype)
         and all(input.dtype == w.dtype and _packable(w) for w in weights)
         and compute in _COMPUTE_DTYPES
         and not (torch.is_grad_enabled() and (input.requires_grad or any(w.requires_grad for w in weights)))
