@@ -101,7 +101,7 @@ def test_batched_benchmark_command_line(tmp_path, monkeypatch):
     drafter = make_oracle_drafter(target, window_size=8, block_size=4)
     monkeypatch.setattr(runners, "_load_target", lambda args: (target, SimpleNamespace(pad_token_id=0, eos_token_id=1)))
     monkeypatch.setattr(runners, "_load_drafter", lambda args, target: (drafter, {"trained": False}))
-    monkeypatch.setattr(runners, "short_prompts", lambda tokenizer, n, held_out: [{"input_ids": [5, 9, 28]}] * n)
+    monkeypatch.setattr(runners, "short_prompts", lambda tokenizer, n, *where: [{"input_ids": [5, 9, 28]}] * n)
     monkeypatch.setattr(runners, "long_context_prompts", lambda *a, **k: [{"input_ids": list(range(2, 30))}])
     path = tmp_path / "batched.json"
     benchmarks.main(["--batch-sizes", "1", "4", "--max-new-tokens", "6", "--modes", "greedy", "--json", str(path)])
@@ -118,7 +118,7 @@ def test_speed_comparison_command_line_without_batch_sizes(monkeypatch):
     monkeypatch.setattr(runners, "_load_target", lambda args: (target, SimpleNamespace(pad_token_id=0, eos_token_id=1)))
     monkeypatch.setattr(runners, "_load_drafter", lambda args, target: (make_drafter(target), {"trained": False}))
     asked = []
-    monkeypatch.setattr(runners, "short_prompts", lambda tokenizer, n, held_out: asked.append(n) or [])
+    monkeypatch.setattr(runners, "short_prompts", lambda tokenizer, n, *where: asked.append(n) or [])
     compared = []
     monkeypatch.setattr(runners, "run_speed_benchmark", lambda *args, **kwargs: compared.append(args) or {"rows": []})
     monkeypatch.setattr(runners, "format_markdown", lambda result: "")
@@ -145,7 +145,7 @@ def test_tau_command_compares_drafters_on_the_same_prompts(tmp_path, monkeypatch
         (tmp_path / folder).mkdir()
     monkeypatch.setattr(runners, "_load_target", lambda args: (target, SimpleNamespace(pad_token_id=0, eos_token_id=1)))
     monkeypatch.setattr(runners, "_load_drafter_from", lambda args, target, path: (drafters[path], {"path": path}))
-    monkeypatch.setattr(runners, "short_prompts", lambda tokenizer, n, held_out: [{"input_ids": [5, 9, 28]}] * n)
+    monkeypatch.setattr(runners, "short_prompts", lambda tokenizer, n, *where: [{"input_ids": [5, 9, 28]}] * n)
     monkeypatch.setattr(runners, "long_context_prompts", lambda *a, **k: [{"input_ids": list(range(2, 30))}])
     path = tmp_path / "tau.json"
     oracle, random = (f"--drafter={name}={folder}" for name, folder in zip(("oracle", "random"), drafters))

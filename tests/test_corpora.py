@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from helpers import make_drafter, make_target, tiny_config, write_records
-from transformers_longspark.benchmarks.prompts import long_context_prompts
+from transformers_longspark.benchmarks.prompts import long_context_prompts, short_prompts
 from transformers_longspark.training.corpora import (
     DataMixture,
     DataSource,
@@ -195,3 +195,25 @@ def test_curve_prompts_cut_the_same_files_at_every_length():
         assert all(len(p["input_ids"]) == p["length"] for p in file)
         assert all(p["input_ids"] == file[-1]["input_ids"][: p["length"]] for p in file)  # prefixes of one text
     assert prompts[0]["name"] != prompts[3]["name"]
+
+
+class ChatTemplateTokenizer:
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True, enable_thinking=False):
+        return "".join(m["content"] for m in messages)
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [1 + b % 63 for b in text.encode()]}
+
+
+def test_short_prompts_of_chosen_sources_only(tmp_path):
+    sources = ["gsm8k", "mmath-en", "stdlib-code"]
+    chat = [{"role": "user", "content": "q"}]
+    records = [{"id": i, "source": sources[i % 3], "messages": chat} for i in range(9)]
+    write_text(tmp_path, records)
+    mixed = short_prompts(ChatTemplateTokenizer(), 6, tmp_path)
+    assert [p["source"] for p in mixed] == sources * 2  # interleaved by source
+    code = short_prompts(ChatTemplateTokenizer(), 6, tmp_path, sources=["stdlib-code"])
+    assert [p["name"] for p in code] == ["stdlib-code-2", "stdlib-code-5", "stdlib-code-8"]
+    write_text(tmp_path, records[:2])
+    with pytest.raises(ValueError, match="No held-out short prompts of the sources stdlib-code"):
+        short_prompts(ChatTemplateTokenizer(), 6, tmp_path, sources=["stdlib-code"])

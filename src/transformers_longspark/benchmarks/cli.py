@@ -25,6 +25,7 @@ from ..files import DRAFTER_FOLDER_FIX, TARGET_FOLDER_FIX, require_folder, requi
 from .settings import (
     DEFAULT_LONG_LENGTHS,
     HELD_OUT_DIR,
+    SHORT_SOURCES,
     SYNTHETIC_TARGETS,
     BatchedSettings,
     DraftingCostSettings,
@@ -62,6 +63,8 @@ RUN_OPTIONS: dict[str, dict[str, Any]] = {
     "workloads": dict(nargs="+", default=["short", "long"], choices=["short", "long"],
                       help="held-out chat/maths/code prompts (short) and stdlib code files (long)"),
     "num_short_prompts": dict(type=int, default=6, help="short prompts (cycled through the sources)"),
+    "short_sources": dict(nargs="+", default=list(SHORT_SOURCES), choices=list(SHORT_SOURCES),
+                          help="the sources the short prompts cycle through (default: all), e.g. stdlib-code alone"),
     "num_long_prompts": dict(type=int, default=3, help="long-context prompts (held-out stdlib files)"),
     "long_lengths": dict(type=int, nargs="+", default=list(DEFAULT_LONG_LENGTHS), help="long-context prompt lengths "
                          "in tokens, cycled over the prompts (capped to fit the target's positions)"),
@@ -82,7 +85,15 @@ RUN_OPTIONS: dict[str, dict[str, Any]] = {
                         "block (the round's full cost); reports the index bytes per request"),
 }  # fmt: skip
 RUN = ("target", "drafter", "dtype", "device", "num_threads", "seed", "json", "quiet", "progress")
-PROMPTS = ("markdown", "workloads", "num_short_prompts", "num_long_prompts", "long_lengths", "held_out")
+PROMPTS = (
+    "markdown",
+    "workloads",
+    "num_short_prompts",
+    "short_sources",
+    "num_long_prompts",
+    "long_lengths",
+    "held_out",
+)
 COSTS = ("synthetic_target", "plot", "markdown", "prefix_lengths", "prefill_chunk")
 # Each command: its help, the settings whose fields are its options, its options in --help order, other defaults.
 COMMANDS: dict[str, tuple[str, tuple[type, ...], tuple[str, ...], dict[str, Any]]] = {

@@ -22,9 +22,12 @@ def chat_prompt_ids(tokenizer, messages: Sequence[Mapping[str, str]]) -> list[in
 
 
 def short_prompts(
-    tokenizer, num_prompts: int = 6, held_out_dir: str | os.PathLike | None = HELD_OUT_DIR
+    tokenizer,
+    num_prompts: int = 6,
+    held_out_dir: str | os.PathLike | None = HELD_OUT_DIR,
+    sources: Sequence[str] = SHORT_SOURCES,
 ) -> list[dict[str, Any]]:
-    """Held-out chat, maths and code prompts, interleaved by source.
+    """Held-out chat, maths and code prompts of `sources`, interleaved by source.
 
     Reads the regenerated held-out records (``data/smollm2/held_out/*.jsonl``: their ``messages`` minus the
     assistant turn, chat-templated); without them, holds out 40 prompts of each builtin source (gsm8k, mmath-en,
@@ -41,16 +44,20 @@ def short_prompts(
         for index, record in enumerate(records):
             prompt = normalize_record(record, index)
             prompt["id"] = record.get("id", index)
-            by_source.setdefault(prompt["source"], []).append(prompt)
+            if prompt["source"] in sources:
+                by_source.setdefault(prompt["source"], []).append(prompt)
     else:
         origin = "builtin sources (held-out split: 40 per source, seed 0)"
-        for name in SHORT_SOURCES:
+        for name in sources:
             try:
                 records = [normalize_record(r, i, name) for i, r in enumerate(builtin_prompt_source(name))]
             except ValueError as error:  # the source's package is not installed
                 print(f"WARNING: skipping prompt source {name}: {error}", file=sys.stderr)
                 continue
             by_source[name] = split_prompts(records, 40, 0)[1]
+    if not by_source:
+        raise ValueError(f"No held-out short prompts of the sources {', '.join(sources)} in {origin}; choose from "
+                         f"{', '.join(SHORT_SOURCES)}.")  # fmt: skip
     return [
         {
             "name": f"{prompt['source']}-{prompt.get('id', index)}",

@@ -113,7 +113,7 @@ def _load_prompts(args, target, tokenizer, num_short: int, block_size: int) -> d
     less room for the new tokens and one block of `block_size` drafts."""
     prompts: dict[str, list[dict[str, Any]]] = {}
     if "short" in args.workloads:
-        prompts["short"] = short_prompts(tokenizer, num_short, args.held_out or HELD_OUT_DIR)
+        prompts["short"] = short_prompts(tokenizer, num_short, args.held_out or HELD_OUT_DIR, args.short_sources)
     if "long" in args.workloads:
         max_positions = target.config.get_text_config().max_position_embeddings
         reserve = args.max_new_tokens + block_size + 1
