@@ -1,6 +1,6 @@
 """The paper's ablation (Table 4) on a controlled long-range task: needle recall beyond the recent window.
 
-Trains a tiny target on the needle-recall language (`benchmarks/recall_task.py`), then, at equal budget (same steps,
+Trains a tiny target on the needle-recall language (`experiments/needle_recall.py`), then, at equal budget (same steps,
 same sequences), the full drafter and its variants without the global summary, without the boundary state and
 without the recent window; then measures each drafter's greedy tau on the answer by the needle's distance (inside
 the window, beyond it). Resumable: a trained target or drafter in `--work` is loaded, not retrained.
@@ -27,7 +27,7 @@ import torch
 
 from transformers_longspark import LongSparkDrafterModel
 from transformers_longspark.benchmarks.common import machine_info
-from transformers_longspark.benchmarks.recall_task import (
+from transformers_longspark.experiments.needle_recall import (
     TRAINING_OPTIONS,
     VARIANTS,
     RecallLanguage,

@@ -149,8 +149,8 @@ TABLE = re.compile(r"<!-- table:begin (?P<report>\S+) -->\n(?P<table>.*?)<!-- ta
 
 def report_table(path: Path) -> str:
     """The Markdown table of one benchmark report, by its 'benchmark' field (`bench tau`, the long-range ablation)."""
-    from transformers_longspark.benchmarks.recall_task import format_ablation
     from transformers_longspark.benchmarks.tau import format_tau, format_tau_curve
+    from transformers_longspark.experiments.needle_recall import format_ablation
 
     report = json.loads(path.read_text(encoding="utf-8"))
     kind = report.get("benchmark") if isinstance(report, dict) else None

@@ -1,6 +1,6 @@
 """The global summary carries what lies beyond the recent window: needle recall on a tiny trained target.
 
-`tests/fixtures/recall/` holds a small target trained on the needle-recall language (`benchmarks/recall_task.py`)
+`tests/fixtures/recall/` holds a small target trained on the needle-recall language (`experiments/needle_recall.py`)
 and a full drafter trained for it with a 16-row window (`python scripts/long_range_ablation.py --fixture
 tests/fixtures/recall`, ~3 min). The drafter drafts the answer with `target.generate(assistant_model=...)`, the
 drafter alone: with the needle beyond its window, only the global summary holds it. The prompts are folded into the
@@ -18,7 +18,7 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from transformers_longspark import LongSparkDrafterModel
-from transformers_longspark.benchmarks.recall_task import RecallLanguage, recall_acceptance
+from transformers_longspark.experiments.needle_recall import RecallLanguage, recall_acceptance
 
 FIXTURE = Path(__file__).parent / "fixtures" / "recall"
 BEYOND_WINDOW = [48, 96, 160]  # filler rows between needle and query; the window holds 16 rows

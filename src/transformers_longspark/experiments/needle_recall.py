@@ -21,13 +21,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..benchmarks.report import table
+from ..benchmarks.settings import DRAFTER_ALONE, WHOLE_BLOCKS
 from ..configuration_longspark import LongSparkConfig
 from ..inference.stats import DraftingStats, tau
 from ..modeling_longspark import LongSparkDrafterModel
 from ..training.data import Sequence
 from ..training.distillation import sample_anchors, sequence_loss
-from .report import table
-from .settings import DRAFTER_ALONE, WHOLE_BLOCKS
 
 # The drafter's context views that the ablations switch off (paper, Table 4), by variant name.
 VARIANTS: dict[str, dict[str, bool]] = {
