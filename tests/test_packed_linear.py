@@ -332,6 +332,23 @@ def test_an_inference_mode_weight_changed_in_place_is_never_stale():
 # --- the comparison switch: `packed_weights = False` -----------------------------------------------------------
 
 
+@pytest.mark.skipif(fast_dtype(torch.float32) != torch.qint8, reason="torch has no fbgemm dynamic int8 kernel here")
+def test_a_bf16_drafter_runs_its_linear_layers_in_dynamic_int8_and_stays_exact():
+    """A drafter loaded without `dtype` keeps its saved bf16 weights; on x86 its linear layers still run in dynamic
+    int8 (quantized from the bf16 values), beside an fp32 target, and greedy output is plain generate's."""
+    from helpers import make_drafter, make_target
+
+    target = make_target("qwen3")
+    drafter = make_drafter(target).to(torch.bfloat16)
+    assert packed_linear.drafter_linear_dtype(drafter) == torch.qint8
+    prompt = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(0))
+    plain = target.generate(prompt, max_new_tokens=12, do_sample=False)
+    assisted = target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=drafter)
+    assert torch.equal(assisted, plain)
+    assert drafter.drafting_stats.rounds > 0
+    assert {id(drafter.layers[0].mlp.down_proj.weight)} <= packed_weight_ids(torch.qint8)
+
+
 @pytest.mark.parametrize("batch_size", [1, 2])
 def test_packed_weights_off_keeps_every_linear_of_target_and_drafter_on_f_linear(batch_size):
     """The "before" columns of the packed A/B tables set `drafter.packed_weights = False`: no linear layer of the

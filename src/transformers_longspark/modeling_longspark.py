@@ -220,9 +220,10 @@ class LongSparkDrafterModel(LongSparkPreTrainedModel):
         # On that path, run the target's CPU linear layers and the output head from packed weights (`packed_linear.py`);
         # False keeps `F.linear` (the path before them, for comparison).
         self.packed_weights = True
-        # The dtype of the drafter's linear layers and output head on that path: "auto" runs them in bfloat16 where the
-        # CPU has native bf16 kernels (`packed_linear.fast_dtype`), else in the drafter's dtype; or torch.float32 /
-        # torch.bfloat16. Exactness does not depend on it (the verifier reads the law the drafter produced).
+        # The dtype of the drafter's linear layers and output head on that path: "auto" runs them in dynamic int8 on x86
+        # CPUs, else in bfloat16 where the CPU has native bf16 kernels, else in the drafter's dtype
+        # (`packed_linear.fast_dtype`); or torch.float32 / torch.bfloat16 / torch.int8 / torch.qint8. Exactness does
+        # not depend on it (the verifier reads the law the drafter produced).
         self.linear_dtype: torch.dtype | str = "auto"
         # The drafting knobs (confidence cuts, lookup source, cost model or its calibration), read by the generate hook
         # as transformers reads an assistant's; typed, documented and validated in `inference/knobs.py`
