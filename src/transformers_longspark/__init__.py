@@ -1,8 +1,8 @@
 """LongSpark: a fixed-cost block-diffusion speculative drafter for Hugging Face Transformers.
 
 The package imports lazily, so that `longspark --help` starts without torch: its names load on first use. That first
-use (`from transformers_longspark import LongSparkDrafterModel`), like building a drafter, calls `register()`, which
-registers `LongSparkConfig`/`LongSparkDrafterModel` with `AutoConfig`/`AutoModel` and routes
+use (`from transformers_longspark import LongSparkDrafterModel`), like `loading.load_drafter` and the trainer, calls
+`register()`, which registers `LongSparkConfig`/`LongSparkDrafterModel` with `AutoConfig`/`AutoModel` and routes
 `target.generate(..., assistant_model=drafter)` to the LongSpark candidate generator (one sequence, see
 `inference/generation.py`) or to the batched loop (left-padded batches, see `inference/batched.py`).
 """
@@ -38,8 +38,9 @@ def register() -> None:
     """Registers LongSpark with transformers (idempotent): `AutoConfig`/`AutoModel` learn the `longspark` model type,
     and `generate(assistant_model=<LongSparkDrafterModel>)` is routed to LongSpark.
 
-    It runs on the first use of any name of this package and whenever a drafter is built, so a call is only needed in
-    a program that calls `AutoConfig`/`AutoModel.from_pretrained(drafter_dir)` without using any LongSpark name.
+    It runs on the first use of any name of this package, in `loading.load_drafter` and in the trainer, so a call is
+    only needed in a program that imports LongSpark's modules directly (`transformers_longspark.modeling_longspark`) or
+    calls `AutoConfig`/`AutoModel.from_pretrained(drafter_dir)` without using any LongSpark name.
     """
     global _registered
     if _registered:

@@ -181,17 +181,14 @@ class LongSparkPreTrainedModel(PreTrainedModel):
 
 
 class LongSparkDrafterModel(LongSparkPreTrainedModel):
-    """The LongSpark drafter. Pass it as `assistant_model` to `target.generate`: building one registers LongSpark with
-    transformers (`transformers_longspark.register()`), however this class was imported.
+    """The LongSpark drafter. Pass it as `assistant_model` to `target.generate`, once LongSpark is registered with
+    transformers (`transformers_longspark.register()`, run by the first use of any name of the package).
 
     It owns only its own weights; the target's embedding, final norm, LM head and RoPE are bound at run time by
     `bind_target` (the generation hook and the trainer do this).
     """
 
     def __init__(self, config: LongSparkConfig):
-        from . import register  # here, not at import: the generate hook imports this module
-
-        register()
         super().__init__(config)
         d, h = config.num_draft_layers, config.hidden_size
         self.block_positions = nn.Embedding(config.block_size, h)
