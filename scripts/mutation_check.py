@@ -317,7 +317,7 @@ MUTATIONS = [
              "scale = _row_scales(weight).double()", "scale = _row_scales(weight).double() / 10",
              PACKED),
     Mutation("one row runs the packed kernel (oneDNN's setup on every one-token step)", "packed_linear.py",
-             "and (num_rows > 1 or compute != input.dtype)", "and (num_rows > 0 or compute != input.dtype)", PACKED),
+             "return input.numel() == input.shape[-1] and compute in (None, input.dtype)", "return False", PACKED),
     Mutation("a batched round priced as one row's verification", "inference/planning.py",
              "row_cost = 1.0 + costs.batch_verify_cost(len(planners), width) + drafter",
              "row_cost = 1.0 + costs.verify_cost(width) + drafter", PLANNING),

@@ -197,15 +197,12 @@ def fused_linears(input: torch.Tensor, layers: tuple[nn.Linear, ...]) -> tuple[t
 def _packed_product(
     input: torch.Tensor, weights: _Weights, bias: torch.Tensor | None, compute: torch.dtype
 ) -> torch.Tensor | None:
-    """`input` times `weights` stacked, from their packed copy in `compute`, or `None` where none serves.
-
-    One row in the weights' own dtype is `None`: `F.linear` then runs BLAS's matrix-vector product, which reads each
-    weight once without repacking, and oneDNN's per-call setup (~30 us a product) would only add to it (SmolLM2-135M,
-    fp32, a one-token step on a 2-vCPU AMD EPYC: 65 ms with `F.linear`, 78 ms packed at one thread, equal at two)."""
+    """`input` times `weights` stacked, from their packed copy in `compute`, or `None` where none serves (e.g. one row
+    in its own dtype: `_one_row_in_its_dtype`)."""
     num_rows = input.numel() // input.shape[-1] if input.dim() >= 2 else 0
     if not (
         0 < num_rows <= MAX_PACKED_ROWS
-        and (num_rows > 1 or compute != input.dtype)
+        and not _one_row_in_its_dtype(input, compute)
         and all(input.dtype == w.dtype and _packable(w) for w in weights)
         and compute in _COMPUTE_DTYPES
         and not (torch.is_grad_enabled() and (input.requires_grad or any(w.requires_grad for w in weights)))
@@ -231,9 +228,22 @@ def _packed_product(
     return _LINEAR_POINTWISE(input.to(compute), packed, bias, "none", [], "").to(input.dtype)
 
 
+def _one_row_in_its_dtype(input: torch.Tensor, compute: torch.dtype | None) -> bool:
+    """Whether a product keeps `F.linear`, as one row computed in its own dtype: BLAS's matrix-vector product reads
+    each weight once without repacking, and oneDNN's per-call setup (~30 us a product) would only add to it
+    (SmolLM2-135M, fp32, a one-token step on a 2-vCPU AMD EPYC: 65 ms with `F.linear`, 78 ms packed at one thread,
+    equal at two). A lower-precision `compute` still packs one row: it reads a fraction of the bytes."""
+    return input.numel() == input.shape[-1] and compute in (None, input.dtype)
+
+
 def _routed_forward(layer: nn.Linear, input: torch.Tensor) -> torch.Tensor:
-    """What a routed layer's `forward` runs: `linear` with its weight, bias and its block's compute dtype."""
-    return linear(input, layer.weight, layer.bias, _routed[id(layer)][1])
+    """What a routed layer's `forward` runs: `linear` with its weight, bias and its block's compute dtype; one row in
+    its own dtype goes to `F.linear` at once (a one-token step calls ~200 layers, and each call on the way costs
+    ~1.5 us)."""
+    compute = _routed[id(layer)][1]
+    if _one_row_in_its_dtype(input, compute):
+        return F.linear(input, layer.weight, layer.bias)
+    return linear(input, layer.weight, layer.bias, compute)
 
 
 def _packable_layers(models: tuple[nn.Module, ...]) -> list[nn.Linear]:
