@@ -167,6 +167,8 @@ def report_table(path: Path) -> str:
         return round_parts_table(report)
     if kind == "speed":
         return speed_rows_table(report)
+    if kind == "training_curve":
+        return training_curve_table(report)
     raise SystemExit(f"{path}: no table for a report of kind {kind!r} (its 'benchmark' field).")
 
 
@@ -237,6 +239,21 @@ def round_parts_table(report: dict[str, Any]) -> str:
             f"{machine.get('torch_threads', '?')} threads, torch {machine.get('torch', '?')}.")  # fmt: skip
     header = ["linear dtype", "drafter forward", "context read", "planning", "rest", "round (ms)", "in target steps",
               "tau"]  # fmt: skip
+    return _table(header, rows, note)
+
+
+def training_curve_table(report: dict[str, Any]) -> str:
+    """The table `scripts/training_curve.py --json` prints: each checkpoint's held-out tau and tokens per step
+    against the CPU time that trained it."""
+    workloads, machine = report["workloads"], report.get("machine", {})
+    rows = [[str(row["step"]), f"{row['cpu_hours']:.2f}", f"{row['target_tokens']:,}",
+             *(f"{row[w]['tau']:.3f} / {row[w]['tokens_per_step']:.3f}" for w in workloads)]
+            for row in report["rows"]]  # fmt: skip
+    threads = ", ".join(f"{count} from step {step}" for step, count in report["threads"].items())
+    note = (f"Held-out greedy tau / tokens per target step of the drafter alone (lookup off, costs 0), each checkpoint "
+            f"in one `longspark bench tau` run; CPU-hours: the run's wall seconds times its torch threads ({threads}); "
+            f"{machine.get('cpu', 'an unknown CPU')}, torch {machine.get('torch', '?')}.")  # fmt: skip
+    header = ["step", "CPU-hours", "target tokens", *(f"{w}: tau / tokens per step" for w in workloads)]
     return _table(header, rows, note)
 
 
