@@ -42,7 +42,6 @@ from .batched_checks import (
     default_position_ids,
     max_cache_columns,
 )
-from .calibration import costs_for_generate
 from .drafting import DraftRequests, DraftSettings
 from .planning import RoundPlanner
 from .processors import process_logits
@@ -121,11 +120,10 @@ class BatchedSpeculativeDecoder:
         input_ids: torch.LongTensor,
         cache: Cache,
         generation_config: GenerationConfig,
-        logits_processor: LogitsProcessorList | None,
+        settings: DraftSettings,
     ):
-        costs = costs_for_generate(target, drafter)
-        self.session = DraftSession.for_generate(target, drafter, input_ids, generation_config, logits_processor, costs)
-        self.settings, self.stats = self.session.settings, self.session.stats
+        self.session = DraftSession.for_generate(target, drafter, input_ids, settings)
+        self.settings, self.stats = settings, self.session.stats
         # The most tokens a round proposes (the drafter's block, or a longer lookup continuation).
         self.block_size = self.settings.max_proposal_tokens
         self.target, self.cache = target, cache
@@ -291,13 +289,16 @@ def batched_speculative_decoding(
     synced_gpus: bool = False,
     streamer: Any = None,
     assistant_model: LongSparkDrafterModel | None = None,
+    *,
+    settings: DraftSettings,
     **model_kwargs,
 ) -> torch.LongTensor:
-    """`GenerationMixin._assisted_decoding` for a batch and a LongSpark drafter (same arguments, same outputs).
+    """`GenerationMixin._assisted_decoding` for a batch and a LongSpark drafter (same arguments, same outputs), plus
+    the call's `settings` (`DraftSettings.for_generate`, built once by `generation._assisted_decoding`).
 
     Returns `(batch, prompt + new)` sequences, each padded with `pad_token_id` after its EOS.
     """
-    block_size = DraftSettings.from_drafter(assistant_model).max_proposal_tokens
+    block_size = settings.max_proposal_tokens
     check_batched_generation(
         model, generation_config, logits_processor, stopping_criteria, streamer, synced_gpus, model_kwargs, block_size
     )
@@ -307,7 +308,7 @@ def batched_speculative_decoding(
     attention_mask = None if attention_mask is None else attention_mask.to(model.device)
     check_default_position_ids(model_kwargs.get("position_ids"), input_ids, attention_mask)
     cache = model_kwargs["cache"]
-    decoder = BatchedSpeculativeDecoder(model, assistant_model, input_ids, cache, generation_config, logits_processor)
+    decoder = BatchedSpeculativeDecoder(model, assistant_model, input_ids, cache, generation_config, settings)
     return decoder.run(attention_mask)
 
 

@@ -68,7 +68,8 @@ class LongSparkCandidateGenerator(CandidateGenerator):
                 "`transformers_longspark.inference.batched` instead."
             )
         costs = costs_for_generate(target, drafter)
-        self.session = DraftSession.for_generate(target, drafter, input_ids, generation_config, logits_processor, costs)
+        settings = DraftSettings.for_generate(drafter, generation_config, logits_processor, costs)
+        self.session = DraftSession.for_generate(target, drafter, input_ids, settings)
         self.state = self.session.new_state()
         self.planner = self.session.new_planner()
         self.max_length = generation_config.max_length
@@ -171,8 +172,15 @@ def _assisted_decoding(self, input_ids, *args, assistant_model=None, **kwargs):
     if input_ids.shape[0] > 1:  # transformers' loop is batch-1
         from .batched import batched_speculative_decoding, max_cache_columns
 
-        decode = batched_speculative_decoding
-        max_length = max_cache_columns(max_length, DraftSettings.from_drafter(assistant_model).max_proposal_tokens)
+        # The settings (and their calibrated costs) are built once: the cache's room, the checks and the loop read them.
+        settings = DraftSettings.for_generate(
+            assistant_model,
+            kwargs["generation_config"],
+            kwargs.get("logits_processor"),
+            costs_for_generate(self, assistant_model),
+        )
+        decode = partial(batched_speculative_decoding, settings=settings)
+        max_length = max_cache_columns(max_length, settings.max_proposal_tokens)
     else:
         decode = _original_assisted_decoding
     # The fast verification path and the hidden-state hooks live exactly as long as the decoding loop, even when it

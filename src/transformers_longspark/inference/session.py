@@ -15,14 +15,13 @@ import time
 from collections.abc import Callable
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel
-from transformers.generation.logits_process import LogitsProcessorList
+from transformers import PreTrainedModel
 
 from ..context_state import DraftContext, LongSparkContextState, boundary_states, read_context
 from ..modeling_longspark import LongSparkDrafterModel
 from ..targets import HiddenStateCapture, TargetModules, check_sliding_window
 from .drafting import DraftRequests, DraftSettings, Proposal, plan_round, propose_blocks
-from .planning import RoundCosts, RoundPlanner, Source
+from .planning import RoundPlanner, Source
 from .stats import DraftingStats
 
 
@@ -58,15 +57,13 @@ class DraftSession:
         target: PreTrainedModel,
         drafter: LongSparkDrafterModel,
         input_ids: torch.LongTensor,
-        generation_config: GenerationConfig,
-        logits_processor: LogitsProcessorList | None,
-        costs: RoundCosts | None = None,
+        settings: DraftSettings,
     ) -> DraftSession:
-        """The session of `target.generate(input_ids, assistant_model=drafter, ...)` (with `costs`, a calibration, in
-        place of the drafter's cost fields). `generate` has checked the drafter against the target before any forward
+        """The session of `target.generate(input_ids, assistant_model=drafter, ...)` with the call's `settings`
+        (`DraftSettings.for_generate`). `generate` has checked the drafter against the target before any forward
         (`generation._validate_generation_mode`); this refuses sliding-window layers that the prompt would overflow."""
         check_sliding_window(target, drafter.config.target_layer_ids, input_ids.shape[1])
-        return cls(drafter, target, DraftSettings.for_generate(drafter, generation_config, logits_processor, costs))
+        return cls(drafter, target, settings)
 
     def new_state(self) -> LongSparkContextState:
         """An empty context state (no row absorbed yet) for one request or a batch of them."""
