@@ -215,7 +215,8 @@ MUTATIONS = [
     Mutation("the batched reserve without its verification block", "inference/batched_checks.py",
              "+ block_size + 1", "", CACHE_RESERVE),
     Mutation("the batched reserve sized for the drafter's block, not the longest proposal", "inference/generation.py",
-             ".from_drafter(assistant_model).max_proposal_tokens)", ".from_drafter(assistant_model).block_size)",
+             "max_cache_columns(max_length, settings.max_proposal_tokens)",
+             "max_cache_columns(max_length, settings.block_size)",
              CACHE_RESERVE),
     # Comparison switches and stale packed copies.
     Mutation("packed_weights = False still packs the target's layers", "inference/generation.py",
