@@ -67,8 +67,7 @@ class LongSparkCandidateGenerator(CandidateGenerator):
                 f"got {input_ids.shape[0]}. `target.generate(..., assistant_model=drafter)` runs batches in "
                 "`transformers_longspark.inference.batched` instead."
             )
-        costs = costs_for_generate(target, drafter)
-        settings = DraftSettings.for_generate(drafter, generation_config, logits_processor, costs)
+        settings = _call_settings(target, drafter, generation_config, logits_processor)
         self.session = DraftSession.for_generate(target, drafter, input_ids, settings)
         self.state = self.session.new_state()
         self.planner = self.session.new_planner()
@@ -163,6 +162,18 @@ def _get_candidate_generator(
     )
 
 
+def _call_settings(
+    target: PreTrainedModel,
+    drafter: LongSparkDrafterModel,
+    generation_config: GenerationConfig,
+    logits_processor: LogitsProcessorList | None,
+) -> DraftSettings:
+    """The `DraftSettings` of one `generate` call, with this machine's calibrated costs where the drafter asks for
+    them (`calibration.costs_for_generate`)."""
+    costs = costs_for_generate(target, drafter)
+    return DraftSettings.for_generate(drafter, generation_config, logits_processor, costs)
+
+
 def _assisted_decoding(self, input_ids, *args, assistant_model=None, **kwargs):
     if not isinstance(assistant_model, LongSparkDrafterModel):
         return _original_assisted_decoding(self, input_ids, *args, assistant_model=assistant_model, **kwargs)
@@ -172,13 +183,8 @@ def _assisted_decoding(self, input_ids, *args, assistant_model=None, **kwargs):
     if input_ids.shape[0] > 1:  # transformers' loop is batch-1
         from .batched import batched_speculative_decoding, max_cache_columns
 
-        # The settings (and their calibrated costs) are built once: the cache's room, the checks and the loop read them.
-        settings = DraftSettings.for_generate(
-            assistant_model,
-            kwargs["generation_config"],
-            kwargs.get("logits_processor"),
-            costs_for_generate(self, assistant_model),
-        )
+        # Built once: the cache's room, the batch checks and the loop read the same settings.
+        settings = _call_settings(self, assistant_model, kwargs["generation_config"], kwargs.get("logits_processor"))
         decode = partial(batched_speculative_decoding, settings=settings)
         max_length = max_cache_columns(max_length, settings.max_proposal_tokens)
     else:
