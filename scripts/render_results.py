@@ -149,6 +149,7 @@ TABLE = re.compile(r"<!-- table:begin (?P<report>\S+) -->\n(?P<table>.*?)<!-- ta
 
 def report_table(path: Path) -> str:
     """The Markdown table of one benchmark report, by its 'benchmark' field (`bench tau`, the long-range ablation)."""
+    from transformers_longspark.benchmarks.batched import format_batched
     from transformers_longspark.benchmarks.tau import format_tau, format_tau_curve
     from transformers_longspark.experiments.needle_recall import format_ablation
 
@@ -169,6 +170,8 @@ def report_table(path: Path) -> str:
         return speed_rows_table(report)
     if kind == "training_curve":
         return training_curve_table(report)
+    if kind == "batched":
+        return format_batched(report)
     raise SystemExit(f"{path}: no table for a report of kind {kind!r} (its 'benchmark' field).")
 
 
