@@ -23,6 +23,8 @@ from transformers import DynamicCache
 from transformers_longspark import LongSparkDrafterModel
 from transformers_longspark.benchmarks.common import time_forward_calls
 from transformers_longspark.benchmarks.prompts import stdlib_token_ids
+from transformers_longspark.benchmarks.settings import DRAFTER_METHODS
+from transformers_longspark.benchmarks.speed import drafter_settings
 from transformers_longspark.inference.verification import fast_verification
 from transformers_longspark.loading import SHIPPED_DRAFTER_DIR, load_smollm2
 from transformers_longspark.targets import HiddenStateCapture
@@ -59,14 +61,14 @@ def main() -> None:
     torch.set_num_threads(args.num_threads)
     target, tokenizer = load_smollm2()
     drafter = LongSparkDrafterModel.from_pretrained(SHIPPED_DRAFTER_DIR, dtype=target.dtype)
-    drafter.generation_config.lookup_min_match = 0  # no lookup source
-    drafter.generation_config.use_drafter = False  # no drafted blocks: every round is a plain step
     input_ids = torch.tensor([stdlib_token_ids(tokenizer, args.prefix)])
     results: dict[str, list[float]] = {way: [] for way in WAYS}
-    for repeat in range(args.repeats):
-        shift = repeat % len(WAYS)
-        for way in WAYS[shift:] + WAYS[:shift]:
-            results[way].append(step_ms(target, drafter, input_ids, way, args.new_tokens))
+    # The benchmark's `longspark_no_proposals` method: lookup and drafter off, every round a plain step.
+    with drafter_settings(drafter, DRAFTER_METHODS["longspark_no_proposals"]):
+        for repeat in range(args.repeats):
+            shift = repeat % len(WAYS)
+            for way in WAYS[shift:] + WAYS[:shift]:
+                results[way].append(step_ms(target, drafter, input_ids, way, args.new_tokens))
     for way, values in results.items():
         calls = " ".join(f"{v:.1f}" for v in values)
         print(f"{way:>9}: median {statistics.median(values):.1f} ms a step (calls: {calls})")

@@ -148,7 +148,8 @@ TABLE = re.compile(r"<!-- table:begin (?P<report>\S+) -->\n(?P<table>.*?)<!-- ta
 
 
 def report_table(path: Path) -> str:
-    """The Markdown table of one benchmark report, by its 'benchmark' field (`bench tau`, the long-range ablation)."""
+    """The Markdown table of one benchmark report, by its 'benchmark' field (`bench tau`, batches, training curves,
+    the long-range ablation, ...)."""
     from transformers_longspark.benchmarks.batched import format_batched
     from transformers_longspark.benchmarks.tau import format_tau, format_tau_curve
     from transformers_longspark.experiments.needle_recall import format_ablation
