@@ -24,6 +24,7 @@ from helpers import (
 from transformers_longspark import LongSparkDrafterModel
 from transformers_longspark.inference import calibration
 from transformers_longspark.inference.calibration import calibrate, calibrated_costs, calibration_key, calibration_path
+from transformers_longspark.inference.knobs import check_costs
 from transformers_longspark.inference.planning import RoundCosts
 from transformers_longspark.inference.session import DraftSession
 
@@ -73,7 +74,10 @@ def test_calibration_measures_finite_costs_without_touching_the_global_rng():
     for name in COSTS:
         value = getattr(result.costs, name)
         assert math.isfinite(value) and value >= 0, (name, value)
-    assert result.step_ms > 0 and result.draft_round_ms > 0 and sorted(result.verify_ms) == [1, 2, 4, 7]
+    assert result.step_ms > 0 and result.draft_round_ms > 0 and sorted(result.forward_ms) == [2, 3, 5, 8, 16, 32, 64]
+    assert [n for n, _ in result.costs.forward_costs] == sorted(result.forward_ms)
+    assert [n for n, _ in result.costs.draft_batch_costs] == sorted(result.batch_draft_round_ms) == [8]
+    assert check_costs(result.costs, "the test") is result.costs
     assert result.key == calibration_key(target, drafter)
 
 
@@ -87,7 +91,7 @@ def test_the_calibration_drafts_every_round_whatever_the_calls_own_sources():
     drafter.register_forward_hook(lambda *args: forwards.append(1))
     failure = error_of(lambda: calibrate(target, drafter, repeats=2), RuntimeError)
     assert failure is None, failure
-    assert len(forwards) == 3  # a warm-up and two timed rounds
+    assert len(forwards) == 6  # a warm-up and two timed rounds, at batch 1 and at batch 8
 
 
 def test_a_calibration_is_measured_once_then_read_from_the_cache(cache_dir, monkeypatch):

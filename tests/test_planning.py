@@ -223,7 +223,7 @@ def test_a_batched_round_pays_only_when_its_rows_repay_the_widest_proposal():
 
 def test_a_wide_batch_pays_each_verified_row_in_full():
     """The same rows repay a proposal at batch 2 and not at batch 8: there a plain step already has 8 rows, and the
-    verification 8 * (1 + k) of them, on the forward's cost line that batch 1 measured."""
+    verification 8 * (1 + k) of them, on the forward's cost line that batch 1 measured (no batch points)."""
     from transformers_longspark.inference.planning import batch_round_pays
 
     costs = RoundCosts(draft_round_cost=0.1, verify_round_cost=0.05, verify_token_cost=0.07)
@@ -235,6 +235,55 @@ def test_a_wide_batch_pays_each_verified_row_in_full():
         planner.record(Source.DRAFTER, proposed=7, accepted=2)
     assert batch_round_pays(planners[:2], [Source.DRAFTER] * 2, [7] * 2, 100, costs)
     assert not batch_round_pays(planners, [Source.DRAFTER] * 8, [7] * 8, 100, costs)
+
+
+def test_in_a_batch_a_rows_untried_source_is_valued_at_what_the_other_rows_measured():
+    """An untried source is worth trying at batch 1, but in a batch one row's try makes all rows pay: it is valued at
+    the other rows' measured means, and counts as infinite only while no row has tried it."""
+    from transformers_longspark.inference.planning import batch_expected_accepted, batch_round_pays
+
+    costs = RoundCosts(draft_round_cost=0.2, verify_token_cost=0.04)
+    poor, new = [RoundPlanner(costs) for _ in range(7)], RoundPlanner(costs)
+    for planner in poor:
+        planner.record(Source.LOOKUP, proposed=4, accepted=0)
+        planner.record(Source.DRAFTER, proposed=4, accepted=1)
+    batch = [new, *poor]
+    assert new.expected_accepted(Source.LOOKUP, 4) == new.expected_accepted(Source.DRAFTER, 4) == float("inf")
+    rate = poor[0].match_rate()
+    assert batch_expected_accepted(batch, [Source.LOOKUP] + [Source.NONE] * 7, [4] + [0] * 7)[0] == pytest.approx(
+        expected_accepted(rate, 4)
+    )
+    assert batch_expected_accepted(batch, [Source.DRAFTER] + [Source.NONE] * 7, [4] + [0] * 7)[0] == pytest.approx(1)
+    assert not batch_round_pays(batch, [Source.LOOKUP] + [Source.NONE] * 7, [4] + [0] * 7, 100, costs)
+    fresh = [RoundPlanner(costs) for _ in range(8)]  # no row has tried it: worth trying once
+    assert batch_round_pays(fresh, [Source.LOOKUP] + [Source.NONE] * 7, [4] + [0] * 7, 100, costs)
+
+
+def test_measured_batch_costs_replace_the_batch_1_line():
+    """Where a calibration measured forwards of 16-64 rows and a drafter round over 8 requests, a batch is priced by
+    those points (read between them, and beyond them on the last segment), not by the line of 2-8 rows."""
+    from transformers_longspark.inference.planning import interpolate
+
+    line = RoundCosts(draft_round_cost=0.2, verify_round_cost=0.0, verify_token_cost=0.04)
+    forwards = ((2, 1.0), (8, 1.2), (16, 1.5), (32, 2.0), (64, 3.1))
+    measured = RoundCosts(**{**vars(line), "forward_costs": forwards, "draft_batch_costs": ((8, 0.6),)})
+    assert measured.batch_verify_cost(1, 3) == line.batch_verify_cost(1, 3) == pytest.approx(0.12)  # batch 1: the line
+    assert measured.forward_cost(64) == 3.1 and measured.forward_cost(128) == pytest.approx(5.3)
+    assert measured.batch_verify_cost(8, 3) == pytest.approx(2.0 / 1.2 - 1)
+    assert line.batch_verify_cost(8, 3) == pytest.approx((1 + 0.04 * 31) / (1 + 0.04 * 7) - 1)
+    assert measured.drafter_cost(100, batch=8) == pytest.approx(0.6 / 1.2)
+    row_4 = 1 + 0.2 * 2 / 6  # 4 rows, between the points at 2 and 8
+    assert measured.drafter_cost(100, batch=4) == pytest.approx(interpolate(((1, 0.2), (8, 0.6)), 4) / row_4)
+    assert line.drafter_cost(100, batch=8) == measured.drafter_cost(100) == 0.2  # unmeasured: as at batch 1
+    assert interpolate(((1, 2.0),), 9) == 2.0
+
+
+@pytest.mark.parametrize("points", [((1, 1.0),), ((8, 1.0), (4, 0.9)), ((8, -1.0),), ((8, float("nan")),)])
+def test_nonsense_batch_points_are_refused(points):
+    from transformers_longspark.inference.knobs import check_costs
+
+    with pytest.raises(ValueError, match="forward_costs must be"):
+        check_costs(RoundCosts(forward_costs=points), "A test calibration")
 
 
 def test_a_batch_whose_proposals_do_not_pay_decodes_in_plain_batched_steps():

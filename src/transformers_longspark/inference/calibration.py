@@ -17,7 +17,11 @@ processes only ever add time):
 - a drafter round (boundary states, context read with the summary update, planning, the drafter forward and its
   token loop) -> `draft_round_cost = round / step`;
 - forwards of `1 + k` tokens for `k` in `VERIFY_TOKENS` -> `verify_round_cost + verify_token_cost * k`, the least
-  squares line through `forward / step - 1` (each clamped at 0);
+  squares line through `forward / step - 1` (each clamped at 0), and of `BATCH_ROWS` tokens too -> `forward_costs`,
+  `forward / step` at every measured row count, which prices a batch's verification (`RoundCosts.batch_verify_cost`:
+  at batch 8 a round verifies up to 64 rows, beyond the line's reach);
+- a drafter round over `DRAFT_BATCH` requests of a batched cache -> `draft_batch_costs`, so that a batch prices its
+  drafter round as measured (its context reads and drafter forward grow with the rows, not as the target step does);
 - a one-token forward at `LONG_PREFIX` -> `step_doubling_length`, the prefix over which the step's cost grows by one
   step (0 where it does not grow measurably).
 """
@@ -48,10 +52,12 @@ from .verification import fast_verification
 
 logger = logging.getLogger("transformers_longspark")
 
-CALIBRATION_VERSION = 2
+CALIBRATION_VERSION = 3
 SHORT_PREFIX = 128
 LONG_PREFIX = 1024
 VERIFY_TOKENS = (1, 2, 4, 7)
+BATCH_ROWS = (16, 32, 64)
+DRAFT_BATCH = 8
 REPEATS = 7
 # Growth of the step below this fraction between the two prefixes is noise: the step is taken as flat.
 MIN_STEP_GROWTH = 0.05
@@ -68,7 +74,8 @@ class Calibration:
     step_ms: float
     long_step_ms: float
     draft_round_ms: float
-    verify_ms: dict[int, float]
+    forward_ms: dict[int, float]
+    batch_draft_round_ms: dict[int, float]
     key: dict[str, Any]
 
     def to_json(self) -> dict[str, Any]:
@@ -169,10 +176,11 @@ def calibrate(target: PreTrainedModel, drafter: LongSparkDrafterModel, repeats: 
     # Every round drafts, whatever this call's own settings (a call may have the drafter or lookup off).
     settings = replace(DraftSettings.from_drafter(drafter), lookup_min_match=0, use_drafter=True, costs=RoundCosts())
     prompt = torch.randint(vocab, (1, SHORT_PREFIX), generator=generator).to(device)
-    steps, rounds, verify = [], [], {k: [] for k in VERIFY_TOKENS}
+    forward_rows = sorted({1 + k for k in VERIFY_TOKENS} | set(BATCH_ROWS))
+    steps, rounds, forwards = [], [], {n: [] for n in forward_rows}
     session = DraftSession(drafter, target, settings)
     cache = DynamicCache(config=target.config)
-    rows = SHORT_PREFIX + repeats + 2 + max(VERIFY_TOKENS) + 1
+    rows = SHORT_PREFIX + repeats + 2 + max(forward_rows)
     try:
         with fast_verification(target, cache, rows), packed_drafter_weights(drafter):
             target(prompt, cache=cache, use_cache=True, logits_to_keep=1)
@@ -181,17 +189,19 @@ def calibrate(target: PreTrainedModel, drafter: LongSparkDrafterModel, repeats: 
                 token = torch.randint(vocab, (1, 1), generator=generator).to(device)
                 ids = torch.cat([ids, token], dim=1)
                 steps.append(_timed(device, target, token, cache=cache, use_cache=True, logits_to_keep=1))
-                rounds.append(_timed(device, _drafter_round, session, state, planner, cache, ids))
-                for k in VERIFY_TOKENS:
-                    block = torch.randint(vocab, (1, k + 1), generator=generator).to(device)
-                    verify[k].append(_timed(device, target, block, cache=cache, use_cache=True))
-                    cache.crop(-(k + 1))
+                rounds.append(_timed(device, _drafter_round, session, state, [planner], cache, ids))
+                for n in forward_rows:
+                    block = torch.randint(vocab, (1, n), generator=generator).to(device)
+                    forwards[n].append(_timed(device, target, block, cache=cache, use_cache=True))
+                    cache.crop(-n)
         long_steps = _long_steps(target, vocab, long_prefix, repeats, generator)
+        batch_rounds = _batch_drafter_rounds(session, target, vocab, DRAFT_BATCH, repeats, generator)
     finally:
         session.close()
     step, long_step, draft_round = min(steps[1:]), min(long_steps[1:]), min(rounds[1:])
-    verify_ms = {k: min(times[1:]) * 1e3 for k, times in verify.items()}
-    round_cost, token_cost = _line([(k, verify_ms[k] / (step * 1e3) - 1.0) for k in VERIFY_TOKENS])
+    forward_ms = {n: min(times[1:]) * 1e3 for n, times in forwards.items()}
+    batch_draft_round_ms = {DRAFT_BATCH: min(batch_rounds[1:]) * 1e3}
+    round_cost, token_cost = _line([(k, forward_ms[1 + k] / (step * 1e3) - 1.0) for k in VERIFY_TOKENS])
     growth = long_step / step - 1.0
     doubling = round((long_prefix - SHORT_PREFIX) / growth) if growth > MIN_STEP_GROWTH else 0
     costs = RoundCosts(
@@ -199,6 +209,8 @@ def calibrate(target: PreTrainedModel, drafter: LongSparkDrafterModel, repeats: 
         verify_round_cost=max(0.0, round_cost),
         verify_token_cost=max(0.0, token_cost),
         step_doubling_length=int(doubling),
+        forward_costs=tuple((n, ms / (step * 1e3)) for n, ms in forward_ms.items()),
+        draft_batch_costs=tuple((n, ms / (step * 1e3)) for n, ms in batch_draft_round_ms.items()),
     )
     check_costs(costs, "The measured calibration")
     return Calibration(
@@ -206,20 +218,46 @@ def calibrate(target: PreTrainedModel, drafter: LongSparkDrafterModel, repeats: 
         step_ms=step * 1e3,
         long_step_ms=long_step * 1e3,
         draft_round_ms=draft_round * 1e3,
-        verify_ms=verify_ms,
+        forward_ms=forward_ms,
+        batch_draft_round_ms=batch_draft_round_ms,
         key=calibration_key(target, drafter),
     )
 
 
-def _drafter_round(session: DraftSession, state, planner, cache, ids: torch.LongTensor) -> None:
-    """What a drafter round of `generate` runs: the boundary, the context read, the plan and the proposal."""
-    state.boundary_states = session.captured_boundary(torch.tensor([-1]))
-    zero = torch.zeros(1, dtype=torch.long, device=ids.device)
+def _drafter_round(session: DraftSession, state, planners: list, cache, ids: torch.LongTensor) -> None:
+    """What a drafter round of `generate` runs for the `n` rows of `ids` `(n, t)` (the cache holds `t` columns, the
+    last one the round's anchor's predecessor): the boundary, the context read, the plan and the proposal."""
+    n, length = ids.shape
+    device = ids.device
+    state.boundary_states = session.captured_boundary(torch.full((n,), -1, device=device))
     room = session.settings.max_proposal_tokens
-    requests = DraftRequests(torch.cat([ids, ids.new_zeros(1, room)], dim=1), zero, zero + ids.shape[1], zero + room)
-    proposal = session.draft_round(requests, [planner], lambda: session.read_context(state, cache, ids.shape[1] - 1))
+    full = torch.full((n,), length, dtype=torch.long, device=device)
+    requests = DraftRequests(torch.cat([ids, ids.new_zeros(n, room)], dim=1), torch.arange(n, device=device), full,
+                             full.new_full((n,), room))  # fmt: skip
+    mask = None if n == 1 else torch.ones(n, length - 1, dtype=torch.bool, device=device)
+    proposal = session.draft_round(requests, planners, lambda: session.read_context(state, cache, length - 1, mask))
     if Source.DRAFTER not in proposal.sources:
         raise RuntimeError(f"The calibration's drafter round did not draft (sources {proposal.sources}).")
+
+
+def _batch_drafter_rounds(
+    session: DraftSession, target, vocab: int, batch: int, repeats: int, generator: torch.Generator
+) -> list[float]:
+    """Drafter rounds over `batch` requests of one batched cache (`SHORT_PREFIX` columns each), a one-token batched
+    step before each, as the batched loop runs them."""
+    device = target.device
+    cache, state = DynamicCache(config=target.config), session.new_state()
+    planners = [session.new_planner() for _ in range(batch)]
+    ids = torch.randint(vocab, (batch, SHORT_PREFIX), generator=generator).to(device)
+    times = []
+    with fast_verification(target, cache, SHORT_PREFIX + repeats + 2):
+        target(ids, cache=cache, use_cache=True, logits_to_keep=1)
+        for _ in range(repeats + 1):
+            token = torch.randint(vocab, (batch, 1), generator=generator).to(device)
+            ids = torch.cat([ids, token], dim=1)
+            target(token, cache=cache, use_cache=True, logits_to_keep=1)
+            times.append(_timed(device, _drafter_round, session, state, planners, cache, ids))
+    return times
 
 
 def _long_steps(target, vocab: int, length: int, repeats: int, generator: torch.Generator) -> list[float]:

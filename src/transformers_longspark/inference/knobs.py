@@ -77,13 +77,25 @@ class DraftingKnobs:
 
 
 def check_costs(costs: RoundCosts, source: str) -> RoundCosts:
-    """Returns `costs` if every field is finite and >= 0 (and `step_doubling_length` an integer); else raises a
-    `ValueError` naming the field and `source` (where the costs came from)."""
+    """Returns `costs` if every field is finite and >= 0 (`step_doubling_length` an integer, the measured batch
+    points at increasing sizes); else raises a `ValueError` naming the field and `source` (where they came from)."""
     for name in COST_FIELDS:
         value = getattr(costs, name)
         valid = isinstance(value, int) if name == "step_doubling_length" else _is_number(value)
         if not valid or not math.isfinite(value) or value < 0:
             raise ValueError(f"{source}: {name} must be a finite number >= 0, got {value!r}.")
+    for name in ("forward_costs", "draft_batch_costs"):
+        points = getattr(costs, name)
+        sizes = [n for n, _ in points]
+        if (
+            any(n < 2 for n in sizes)
+            or sizes != sorted(set(sizes))
+            or not all(math.isfinite(c) and c >= 0 for _, c in points)
+        ):
+            raise ValueError(
+                f"{source}: {name} must be (size, cost) pairs with increasing sizes >= 2 and finite costs >= 0, got "
+                f"{points!r}."
+            )
     return costs
 
 

@@ -33,6 +33,7 @@ handed to the verifier stays exact, and a seeded run repeats itself.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -64,6 +65,16 @@ def expected_accepted(rate: float, num_tokens: int) -> float:
     if rate >= 1.0:
         return float(num_tokens)
     return rate * (1.0 - rate**num_tokens) / (1.0 - rate)
+
+
+def interpolate(points: tuple[tuple[int, float], ...], x: float) -> float:
+    """The piecewise-linear curve through `points` (`(x, y)`, increasing `x`) at `x`, its end segments extended
+    beyond them (a single point: that point's `y`)."""
+    if len(points) == 1:
+        return points[0][1]
+    segment = next((i for i in range(1, len(points) - 1) if x <= points[i][0]), len(points) - 1)
+    (x0, y0), (x1, y1) = points[segment - 1], points[segment]  # the last segment, extended, beyond the last point
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
 @dataclass
@@ -98,32 +109,56 @@ class SourceRecord:
 @dataclass(frozen=True)
 class RoundCosts:
     """The cost model, in plain decoding steps of the target (`planning.py`); `step_doubling_length` 0: the step's
-    cost does not grow with the prefix."""
+    cost does not grow with the prefix.
+
+    A batch's costs, where a calibration measured them (`calibration.py`; empty: read from the batch-1 fields):
+    `forward_costs`, `(rows, steps)` pairs, the cost of one forward of `rows` tokens in one-row steps (a batched
+    forward of `B` rows of `n` tokens costs about what one row of `B * n` tokens does); `draft_batch_costs`,
+    `(batch, steps)` pairs, a drafter round over `batch` requests in one-row steps. Between and beyond the measured
+    points both are read piecewise-linearly (`interpolate`)."""
 
     draft_round_cost: float = 0.0
     verify_round_cost: float = 0.0
     verify_token_cost: float = 0.0
     step_doubling_length: int = 0
+    forward_costs: tuple[tuple[int, float], ...] = ()
+    draft_batch_costs: tuple[tuple[int, float], ...] = ()
 
-    def drafter_cost(self, length: int) -> float:
-        """One drafter round at a prefix of `length` tokens, in target steps at that length."""
+    def __post_init__(self):
+        for name in ("forward_costs", "draft_batch_costs"):  # e.g. lists read back from a cached JSON
+            points = tuple((int(n), float(cost)) for n, cost in getattr(self, name))
+            object.__setattr__(self, name, points)
+
+    def drafter_cost(self, length: int, batch: int = 1) -> float:
+        """One drafter round over `batch` requests at a prefix of `length` tokens, in (batched) target steps at that
+        length. Unmeasured batches: a round costs `draft_round_cost` of the batched step, as at batch 1."""
         growth = 1.0 + length / self.step_doubling_length if self.step_doubling_length else 1.0
-        return self.draft_round_cost / growth
+        if batch == 1 or not self.draft_batch_costs:
+            return self.draft_round_cost / growth
+        measured = interpolate(((1, self.draft_round_cost), *self.draft_batch_costs), batch)
+        return measured / self.forward_cost(batch) / growth
 
     def verify_cost(self, proposed: float) -> float:
         """What verifying `proposed` tokens costs beyond a plain step, in steps."""
         return self.verify_round_cost + self.verify_token_cost * proposed
 
-    def batch_verify_cost(self, batch: int, proposed: int) -> float:
-        """What verifying `proposed` tokens in each of `batch` rows costs beyond a plain batched step, in such steps.
+    def forward_cost(self, rows: int) -> float:
+        """One forward of `rows` tokens, in one-row steps: the measured `forward_costs`, else the line of
+        `verify_cost` (`1 + k` rows cost `1 + verify_cost(k)`)."""
+        if rows <= 1:
+            return 1.0
+        if self.forward_costs:
+            return interpolate(((1, 1.0), *self.forward_costs), rows)
+        return 1.0 + self.verify_cost(rows - 1)
 
-        A forward's cost is read as a line in its rows, the line `verify_cost` measures at batch 1 (`1 + k` rows cost
-        `1 + verify_cost(k)` one-row steps): the verification's `batch * (1 + proposed)` rows against the plain
-        step's `batch`. So a wide batch pays each proposed token in full, where one row's step has rows to spare (on
-        a CPU, 8 rows cost ~1.5 one-row steps, 64 rows far more than 8 times 1.5); at batch 1 this is
-        `verify_cost(proposed)`."""
-        plain = 1.0 + self.verify_cost(batch - 1) if batch > 1 else 1.0
-        return (1.0 + self.verify_cost(batch * (1 + proposed) - 1)) / plain - 1.0
+    def batch_verify_cost(self, batch: int, proposed: int) -> float:
+        """What verifying `proposed` tokens in each of `batch` rows costs beyond a plain batched step, in such steps:
+        the verification's `batch * (1 + proposed)` rows against the plain step's `batch` (`forward_cost`). So a
+        wide batch pays each proposed token nearly in full, where one row's step has rows to spare (on a 2-core CPU,
+        8 rows cost ~1.2 one-row steps, 64 rows ~3.1); at batch 1 this is `verify_cost(proposed)`."""
+        if batch == 1:
+            return self.verify_cost(proposed)
+        return self.forward_cost(batch * (1 + proposed)) / self.forward_cost(batch) - 1.0
 
     def drafter_value(self, record: SourceRecord, length: int) -> float:
         """`(1 + E) / (1 + cost)` of a drafter round at a prefix of `length` tokens, from its running means;
@@ -247,10 +282,28 @@ def batch_round_pays(
     width = max(proposed, default=0)
     if width == 0:
         return True  # nothing proposed: the round is a plain step already
-    drafter = costs.drafter_cost(length) if Source.DRAFTER in sources else 0.0
+    drafter = costs.drafter_cost(length, len(planners)) if Source.DRAFTER in sources else 0.0
     row_cost = 1.0 + costs.batch_verify_cost(len(planners), width) + drafter
-    tokens = sum(1.0 + p.expected_accepted(s, k) for p, s, k in zip(planners, sources, proposed, strict=True))
+    tokens = sum(1.0 + accepted for accepted in batch_expected_accepted(planners, sources, proposed))
     return tokens >= row_cost * len(planners)
+
+
+def batch_expected_accepted(planners: list[RoundPlanner], sources: list[Source], proposed: list[int]) -> list[float]:
+    """Each row's expected accepted drafts (`RoundPlanner.expected_accepted`), where a row has not tried its source
+    valued at what the batch's other rows measured of it (their mean continuation rate for lookup, their mean drafts
+    kept for the drafter): at batch 1 an untried source is worth trying, but in a batch one row's first try makes
+    every row pay for a whole verification. Infinite only while no row has tried it."""
+    rates = [p.match_rate() for p in planners if p.records[Source.LOOKUP].accepted is not None]
+    kept = [p.records[Source.DRAFTER].accepted for p in planners if p.records[Source.DRAFTER].accepted is not None]
+    expected = []
+    for planner, source, k in zip(planners, sources, proposed, strict=True):
+        accepted = planner.expected_accepted(source, k)
+        if math.isinf(accepted) and source is Source.LOOKUP and rates:
+            accepted = expected_accepted(sum(rates) / len(rates), k)
+        elif math.isinf(accepted) and source is Source.DRAFTER and kept:
+            accepted = sum(kept) / len(kept)
+        expected.append(accepted)
+    return expected
 
 
 @dataclass
@@ -278,6 +331,7 @@ class RoundPlan:
 
 __all__ = [
     "FIRST_PROBE_INTERVAL",
+    "batch_expected_accepted",
     "batch_round_pays",
     "MAX_PROBE_INTERVAL",
     "POOLED_RATE_ROUNDS",
@@ -288,4 +342,5 @@ __all__ = [
     "Source",
     "SourceRecord",
     "expected_accepted",
+    "interpolate",
 ]
