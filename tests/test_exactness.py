@@ -16,7 +16,7 @@ from scipy.stats import chisquare
 
 from helpers import LAW_VOCAB, SAMPLING, chi_square_pvalue, exact_law, make_bigram_target, make_oracle_drafter
 from transformers_longspark.context_state import DraftContext
-from transformers_longspark.inference import drafting
+from transformers_longspark.inference import drafting, session
 from transformers_longspark.inference.batched import speculative_sampling
 from transformers_longspark.inference.drafting import DraftRequests, DraftSettings, draft_tokens
 from transformers_longspark.inference.planning import RoundPlanner, Source, SourceRecord
@@ -222,9 +222,14 @@ def test_generate_law_when_the_cost_model_skips_rounds(lookup_setup, monkeypatch
     monkeypatch.setattr(drafter.generation_config, "verify_token_cost", 0.2, raising=False)
     # Seeded at (1 + 0.7) / (1 + 0.2 + 0.2 * 2) > 1, a drafter round that accepts nothing takes the drafter below 1.
     choices = counted_choices(monkeypatch, drafter_accepted=0.7)
+    plans = []  # what each round ran: the batch check may overrule the rows' choices (`plan_round`)
+    monkeypatch.setattr(session, "plan_round", lambda *args: plans.append(drafting.plan_round(*args)) or plans[-1])
     counts = first_three_counts(target, drafter, prompt)
-    assert all(choices.count(source) > 1000 for source in Source), {s: choices.count(s) for s in Source}
-    assert drafter.drafting_stats.plain_rounds == choices.count(Source.NONE)
+    ran = [source for plan in plans for source in plan.sources]
+    assert all(ran.count(source) > 1000 for source in Source), {s: ran.count(s) for s in Source}
+    assert choices.count(Source.NONE) > 1000  # the rows' own choices, not only a batch check, skip rounds
+    stats = drafter.drafting_stats
+    assert (stats.plain_rounds, stats.lookup_rounds) == (ran.count(Source.NONE), ran.count(Source.LOOKUP))
     assert chi_square_pvalue(counts, law) > 1e-3
 
 
