@@ -8,7 +8,8 @@
 # prompt is trained on.
 # Resumable: rerun the same command after any interruption (kill -9 included); it continues where it stopped.
 # ~5 hours on a 2-vCPU AMD EPYC VM (the engine writes 103-124 response tok/s there), ~3.5 hours on a 2-vCPU Intel Xeon
-# with AVX-512 (173 tok/s); run it in the background and leave the machine to it: nohup setsid bash scripts/regenerate_smollm2.sh >> data/regenerate.log 2>&1 &
+# with AVX-512 (173 tok/s); run it in the background and leave the machine to it:
+#   nohup setsid bash scripts/regenerate_smollm2.sh >> data/regenerate.log 2>&1 &
 # Responses already sampled are rebuilt from the committed archives in regenerated/smollm2 (seconds, not hours); to
 # add new ones there: longspark pack data/smollm2 regenerated/smollm2 (safe while this script still runs).
 # Usage: bash scripts/regenerate_smollm2.sh [OUTPUT_DIR]   (default data/smollm2; needs scripts/install_vllm.sh)

@@ -223,7 +223,12 @@ def test_generate_law_when_the_cost_model_skips_rounds(lookup_setup, monkeypatch
     # Seeded at (1 + 0.7) / (1 + 0.2 + 0.2 * 2) > 1, a drafter round that accepts nothing takes the drafter below 1.
     choices = counted_choices(monkeypatch, drafter_accepted=0.7)
     plans = []  # what each round ran: the batch check may overrule the rows' choices (`plan_round`)
-    monkeypatch.setattr(session, "plan_round", lambda *args: plans.append(drafting.plan_round(*args)) or plans[-1])
+
+    def recorded_plan(*args):
+        plans.append(drafting.plan_round(*args))
+        return plans[-1]
+
+    monkeypatch.setattr(session, "plan_round", recorded_plan)
     counts = first_three_counts(target, drafter, prompt)
     ran = [source for plan in plans for source in plan.sources]
     assert all(ran.count(source) > 1000 for source in Source), {s: ran.count(s) for s in Source}
