@@ -13,8 +13,9 @@ from transformers_longspark.training.distillation import draft_loss, sample_anch
 from transformers_longspark.training.run import Trainer, TrainingConfig
 
 
-def direct_loss(logits, target_logits, labels, valid, lam=0.1, decay=4.0):
-    """Equation (9) written out anchor by anchor, position by position, over the full vocabulary."""
+def direct_loss(logits, target_logits, labels, valid, lam=0.1, decay=4.0, divergence="l1"):
+    """Equation (9) written out anchor by anchor, position by position, over the full vocabulary (with forward KL
+    in place of the L1 distance when `divergence` is "kl")."""
     total = weight_sum = 0.0
     for a in range(labels.shape[0]):
         for i in range(labels.shape[1]):
@@ -23,7 +24,11 @@ def direct_loss(logits, target_logits, labels, valid, lam=0.1, decay=4.0):
             q, p = logits[a, i].softmax(-1), target_logits[a, i].softmax(-1)
             w = torch.exp(torch.tensor(-i / decay))
             nll = -torch.log(q[labels[a, i]]) if q[labels[a, i]] > 0 else 0.0  # no CE for undraftable labels
-            total += w * (lam * nll + (1 - lam) * (p - q).abs().sum())
+            if divergence == "l1":
+                distance = (p - q).abs().sum()
+            else:
+                distance = sum(p[v] * (torch.log(p[v]) - torch.log(q[v])) for v in range(len(p)) if p[v] > 0)
+            total += w * (lam * nll + (1 - lam) * distance)
             weight_sum += w
     return total / weight_sum
 
@@ -41,6 +46,27 @@ def test_loss_matches_direct_computation():
     logits, target_logits, labels, valid = loss_case()
     expected = direct_loss(logits, target_logits, labels, valid)
     torch.testing.assert_close(draft_loss(logits, target_logits.softmax(-1), labels, valid), expected)
+
+
+def test_kl_loss_matches_direct_computation_and_an_unknown_divergence_is_refused():
+    logits, target_logits, labels, valid = loss_case(2)
+    expected = direct_loss(logits, target_logits, labels, valid, divergence="kl")
+    torch.testing.assert_close(draft_loss(logits, target_logits.softmax(-1), labels, valid, divergence="kl"), expected)
+    with pytest.raises(ValueError, match="divergence must be one of"):
+        draft_loss(logits, target_logits.softmax(-1), labels, valid, divergence="js")
+
+
+def test_kl_loss_with_a_draft_vocabulary_compares_q_with_p_renormalised_over_it():
+    """Outside the draft vocabulary KL would be infinite; inside, it is KL(p restricted and renormalised || q)."""
+    logits, target_logits, labels, valid = loss_case(3)
+    draft_vocab = torch.tensor([0, 2, 3, 7, 10])
+    restricted = target_logits[..., draft_vocab]  # its softmax is p renormalised over the draft vocabulary
+    index = torch.full((11,), -1)
+    index[draft_vocab] = torch.arange(5)
+    probs = target_logits.softmax(-1)[..., draft_vocab]
+    loss = draft_loss(logits[..., draft_vocab], probs, index[labels], valid, ce_weight=0.0, divergence="kl")
+    expected = direct_loss(logits[..., draft_vocab], restricted, index[labels], valid, lam=0.0, divergence="kl")
+    torch.testing.assert_close(loss, expected)
 
 
 def test_loss_with_a_draft_vocabulary_is_the_full_vocabulary_loss_with_q_zero_outside_it():
@@ -145,8 +171,26 @@ def test_config_file_and_unknown_fields(tmp_path):
     path.write_text("output_dir: out\ntrain_data: data\nlearning_rat: 0.001\n")
     with pytest.raises(ValueError, match="learning_rat"):
         TrainingConfig.from_file(path)
+    path.write_text("output_dir: out\ntrain_data: data\ndivergence: js\n")
+    with pytest.raises(ValueError, match="divergence must be one of"):
+        TrainingConfig.from_file(path)
     with pytest.raises(ValueError, match="longspark regenerate"):
         load_sequences(tmp_path, 64)
+
+
+def test_an_init_drafter_with_fewer_target_layers_keeps_those_layers(tmp_path):
+    """`drafter: {target_layer_ids: [...]}` with `init_drafter` selects those of its layers (a shallower drafter from
+    a trained one) instead of failing on the weights' shapes."""
+    from transformers_longspark.training.run import build_drafter
+
+    target = make_target("llama")
+    deep = make_drafter(target, num_selected_layers=3)
+    deep.save_pretrained(tmp_path / "deep")
+    layer_ids = [deep.config.target_layer_ids[0], deep.config.target_layer_ids[2]]
+    config = tiny_config(tmp_path, init_drafter=str(tmp_path / "deep"), drafter={"target_layer_ids": layer_ids})
+    shallow = build_drafter(config, target, [])
+    assert shallow.config.target_layer_ids == layer_ids and len(shallow.layers) == 2
+    torch.testing.assert_close(shallow.layers[1].mlp.up_proj.weight, deep.layers[2].mlp.up_proj.weight)
 
 
 def test_model_card_from_a_benchmark_report(tmp_path):
@@ -237,10 +281,11 @@ def test_every_trainable_parameter_gets_a_gradient_in_one_distillation_step(tmp_
 
 
 def test_sequence_loss_uses_the_configs_loss_weights(tmp_path):
-    """`ce_weight` and `position_decay` reach `draft_loss` as configured (distinct values: a swap shows)."""
+    """`ce_weight`, `position_decay` and `divergence` reach `draft_loss` as configured (distinct values: a swap
+    shows)."""
     target = make_bigram_target("llama", vocab_size=64, temperature=0.05)
     config = tiny_config(tmp_path)
-    config.ce_weight, config.position_decay = 0.3, 2.0
+    config.ce_weight, config.position_decay, config.divergence = 0.3, 2.0, "kl"
     trainer = Trainer(config, target=target)
     sequence = Sequence(torch.tensor([1, 2, 3, 9, 4, 7, 7, 1, 30, 2, 5, 6]), 3)
     anchors = sample_anchors(sequence, config.anchors_per_sequence, torch.Generator().manual_seed(0))
@@ -248,7 +293,8 @@ def test_sequence_loss_uses_the_configs_loss_weights(tmp_path):
         loss = trainer.loss(trainer.drafter, sequence, torch.Generator().manual_seed(0))
         batch = teacher_forced_batch(target, trainer.drafter, sequence, anchors)
         logits = trainer.drafter(batch.block_ids, batch.context, batch.previous_ids).logits
-        expected = draft_loss(logits, batch.target_probs, batch.labels, batch.valid, ce_weight=0.3, position_decay=2.0)
+        expected = draft_loss(logits, batch.target_probs, batch.labels, batch.valid, ce_weight=0.3, position_decay=2.0,
+                              divergence="kl")  # fmt: skip
     torch.testing.assert_close(loss, expected)
 
 

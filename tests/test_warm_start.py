@@ -4,10 +4,12 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from helpers import make_target
+from helpers import make_drafter, make_target
 from transformers_longspark.context_state import LongSparkContextState, read_context
 from transformers_longspark.modeling_longspark import LongSparkDrafterModel
-from transformers_longspark.training.warm_start import init_from_target, warm_start_config
+from transformers_longspark.training.data import Sequence
+from transformers_longspark.training.distillation import teacher_forced_batch
+from transformers_longspark.training.warm_start import init_from_target, select_target_layers, warm_start_config
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])  # without and with per-head q/k norms
@@ -40,3 +42,38 @@ def test_a_narrower_mlp_keeps_the_largest_neurons_and_mismatched_norms_are_refus
     assert all(tuple(row.tolist()) in rows for row in copied.up_proj.weight)
     with pytest.raises(ValueError, match="use_qk_norm"):
         init_from_target(LongSparkDrafterModel(warm_start_config(target, use_qk_norm=True)), target)
+
+
+def test_selected_layers_compute_what_they_computed_in_the_deeper_drafter():
+    """With the dropped draft layers made identities (zero output projections: each adds 0 to the residual) and their
+    boundary-fusion columns zero, the deeper drafter computes exactly what its selected layers do: the selected
+    drafter's logits, on its own teacher-forced views of the same sequence, equal the deeper one's."""
+    target = make_target("qwen3")
+    deep = make_drafter(target, num_selected_layers=4)
+    layer_ids = deep.config.target_layer_ids
+    keep = [0, 2]
+    with torch.no_grad():
+        for j in set(range(4)) - set(keep):
+            deep.layers[j].self_attn.o_proj.weight.zero_()
+            deep.layers[j].mlp.down_proj.weight.zero_()
+            hidden = deep.config.hidden_size
+            deep.fuse_boundary.weight[:, j * hidden : (j + 1) * hidden].zero_()
+    shallow = select_target_layers(deep, [layer_ids[j] for j in keep])
+    assert shallow.config.num_draft_layers == 2 and shallow.config.target_layer_ids == [layer_ids[0], layer_ids[2]]
+    sequence = Sequence(torch.randint(0, 64, (30,), generator=torch.Generator().manual_seed(0)), prompt_length=3)
+    anchors = torch.tensor([3, 9, 20, 27])
+    logits = []
+    for drafter in (deep, shallow):
+        drafter.bind_target(target)
+        batch = teacher_forced_batch(target, drafter, sequence, anchors)
+        with torch.no_grad():
+            logits.append(drafter(batch.block_ids, batch.context, batch.previous_ids).logits)
+    torch.testing.assert_close(logits[1], logits[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("layer_ids", [[], [1, 99], "reversed"])
+def test_selecting_layers_the_drafter_lacks_is_refused(layer_ids):
+    drafter = make_drafter(make_target("llama"), num_selected_layers=3)
+    layer_ids = drafter.config.target_layer_ids[::-1] if layer_ids == "reversed" else layer_ids
+    with pytest.raises(ValueError, match="increasing subset of the init drafter"):
+        select_target_layers(drafter, layer_ids)

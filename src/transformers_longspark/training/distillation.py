@@ -10,6 +10,8 @@ states), their K/V rows (recent windows, and the global summaries through one ca
 summary queries) and the final hidden states (the target distributions `p_i`). The drafter then runs the same
 forward as at inference on all anchors at once, with the Markov correction fed the true predecessors, and the loss
 `L_i = w_i [lam * CE + (1 - lam) * ||p_i - q_i||_1]`, `w_i = exp(-(i - 1) / decay)`, is normalised by the weights.
+`divergence="kl"` replaces the paper's L1 distance by the forward KL divergence `KL(p_i || q_i)` (EAGLE-3's soft
+cross-entropy), a recipe option whose gradient does not vanish where `q_i` is far from `p_i`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from .data import Sequence
 # The loss's defaults (`draft_loss`; `TrainingConfig` starts from them): lam, and the decay of the position weights.
 CE_WEIGHT = 0.1
 POSITION_DECAY = 4.0
+DIVERGENCES = ("l1", "kl")  # the distance between p_i and q_i in the loss: the paper's L1, or forward KL
 
 
 def sample_anchors(sequence: Sequence, max_anchors: int, generator: torch.Generator) -> torch.LongTensor:
@@ -128,11 +131,14 @@ def draft_loss(
     valid: torch.BoolTensor,
     ce_weight: float = CE_WEIGHT,
     position_decay: float = POSITION_DECAY,
+    divergence: str = "l1",
 ) -> torch.Tensor:
-    """`sum_i w_i [lam * -log q_i(x) + (1 - lam) * ||p_i - q_i||_1] / sum_i w_i` over valid positions.
+    """`sum_i w_i [lam * -log q_i(x) + (1 - lam) * D(p_i, q_i)] / sum_i w_i` over valid positions, where `D` is
+    `||p_i - q_i||_1` (`divergence="l1"`, the paper's) or `KL(p_i || q_i)` (`"kl"`).
 
     With a draft vocabulary, `q_i` is 0 outside it: those tokens add their target mass `1 - sum(target_probs)` to
-    the L1 distance, and a label outside it (`-1`) adds no cross-entropy term (its `-log q` is infinite).
+    the L1 distance, KL compares `q_i` with `p_i` renormalised over the draft vocabulary (outside it, KL would be
+    infinite), and a label outside it (`-1`) adds no cross-entropy term (its `-log q` is infinite).
 
     Args:
         logits: `(A, B, V')` drafter logits. target_probs: `(A, B, V')` target probabilities of the same tokens.
@@ -140,11 +146,17 @@ def draft_loss(
     """
     log_q = F.log_softmax(logits.float(), dim=-1)
     nll = -log_q.gather(-1, labels.clamp(min=0)[..., None])[..., 0] * (labels >= 0)
-    unreachable_mass = (1.0 - target_probs.sum(-1)).clamp(min=0.0)
-    l1 = (target_probs - log_q.exp()).abs().sum(-1) + unreachable_mass
+    if divergence == "l1":
+        unreachable_mass = (1.0 - target_probs.sum(-1)).clamp(min=0.0)
+        distance = (target_probs - log_q.exp()).abs().sum(-1) + unreachable_mass
+    elif divergence == "kl":
+        p = target_probs / target_probs.sum(-1, keepdim=True).clamp(min=1e-12)
+        distance = (torch.xlogy(p, p) - p * log_q).sum(-1)
+    else:
+        raise ValueError(f"divergence must be one of {DIVERGENCES}, got {divergence!r}.")
     positions = torch.arange(labels.shape[1], device=labels.device, dtype=torch.float32)
     weights = torch.exp(-positions / position_decay)[None].expand_as(nll) * valid
-    per_position = ce_weight * nll + (1.0 - ce_weight) * l1
+    per_position = ce_weight * nll + (1.0 - ce_weight) * distance
     return (weights * per_position).sum() / weights.sum()
 
 
@@ -157,17 +169,19 @@ def sequence_loss(
     position_decay: float = POSITION_DECAY,
     window_dropout: float = 0.0,
     generator: torch.Generator | None = None,
+    divergence: str = "l1",
 ) -> torch.Tensor:
     """`draft_loss` of the anchors of one sequence; `drafter` may be wrapped (DDP: `.module`)."""
     model = drafter.module if hasattr(drafter, "module") else drafter
     batch = teacher_forced_batch(target, model, sequence, anchors, window_dropout, generator)
     logits = drafter(batch.block_ids, batch.context, batch.previous_ids).logits
-    return draft_loss(logits, batch.target_probs, batch.labels, batch.valid, ce_weight, position_decay)
+    return draft_loss(logits, batch.target_probs, batch.labels, batch.valid, ce_weight, position_decay, divergence)
 
 
 __all__ = [
     "CE_WEIGHT",
     "POSITION_DECAY",
+    "DIVERGENCES",
     "sample_anchors",
     "TeacherForcedBatch",
     "teacher_forced_batch",

@@ -29,9 +29,9 @@ from ..modeling_longspark import LongSparkDrafterModel
 from ..targets import check_target_compatible
 from .corpora import DataMixture, data_sources
 from .data import Sequence, regenerate_hint
-from .distillation import CE_WEIGHT, POSITION_DECAY, sample_anchors, sequence_loss
+from .distillation import CE_WEIGHT, DIVERGENCES, POSITION_DECAY, sample_anchors, sequence_loss
 from .prompt_sources import interleave
-from .warm_start import init_from_target, warm_start_config
+from .warm_start import init_from_target, select_target_layers, warm_start_config
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +59,7 @@ class TrainingConfig:
     max_steps: int | None = None  # overrides epochs when set
     ce_weight: float = CE_WEIGHT  # lam in the loss
     position_decay: float = POSITION_DECAY  # w_i = exp(-(i - 1) / position_decay)
+    divergence: str = "l1"  # the loss's distance between p_i and q_i: "l1" (the paper's) or "kl" (forward KL)
     window_dropout: float = 0.0  # fraction of anchors trained without their recent window (summary + boundary only)
     checkpoint_every: int = 100
     eval_every: int = 100
@@ -82,6 +83,9 @@ class TrainingConfig:
         return cls(**values)
 
     def __post_init__(self):
+        if self.divergence not in DIVERGENCES:
+            raise ValueError(f"divergence must be one of {DIVERGENCES}, got {self.divergence!r}: \"l1\" is the "
+                             "paper's loss, \"kl\" the forward KL divergence.")  # fmt: skip
         if not 0.0 <= self.window_dropout < 1.0:
             raise ValueError(f"window_dropout must lie in [0, 1), got {self.window_dropout}: it is the fraction of "
                              "anchors trained without their recent window.")  # fmt: skip
@@ -120,8 +124,12 @@ def build_drafter(config: TrainingConfig, target, sequences: list[Sequence]) -> 
     size = config.drafter.get("draft_vocab_size")
     overrides = {k: v for k, v in config.drafter.items() if k != "draft_vocab_size"}
     if config.init_drafter:
-        # Overrides that keep the weights' shapes (e.g. `summary_key_positions`) apply to the loaded drafter too.
+        # Overrides that keep the weights' shapes (e.g. `summary_key_positions`) apply to the loaded drafter too;
+        # `target_layer_ids` a subset of its layers selects those (a shallower drafter from a trained one).
+        layer_ids = overrides.pop("target_layer_ids", None)
         drafter = LongSparkDrafterModel.from_pretrained(config.init_drafter, dtype=torch.float32, **overrides)
+        if layer_ids is not None and list(layer_ids) != list(drafter.config.target_layer_ids):
+            drafter = select_target_layers(drafter, layer_ids)
         drafter.config._check_fields()
     elif config.init_from_target:
         drafter = init_from_target(LongSparkDrafterModel(warm_start_config(target, **overrides)), target)
@@ -305,7 +313,8 @@ class Trainer:
         c = self.config
         anchors = sample_anchors(sequence, c.anchors_per_sequence, generator)
         return sequence_loss(
-            self.target, drafter, sequence, anchors, c.ce_weight, c.position_decay, c.window_dropout, generator
+            self.target, drafter, sequence, anchors, c.ce_weight, c.position_decay, c.window_dropout, generator,
+            c.divergence,
         )
 
     @torch.no_grad()

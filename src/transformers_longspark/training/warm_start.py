@@ -8,10 +8,14 @@ leaves the boundary fusion and the Markov correction neutral (their output is ig
 the anchor slot is thus the target's own computation through `D` of its layers, and training starts from there.
 
 A drafter MLP narrower than the target's keeps the target's neurons of largest weight (`|up_n| * |gate_n| * |down_n|`).
+
+`select_target_layers` starts a shallower drafter from a trained one instead: it keeps the draft layers (and their
+summary queries and boundary-fusion columns) of a subset of the selected target layers.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -55,6 +59,40 @@ def init_from_target(drafter: LongSparkDrafterModel, target: PreTrainedModel) ->
     return drafter
 
 
+@torch.no_grad()
+def select_target_layers(drafter: LongSparkDrafterModel, target_layer_ids: list[int]) -> LongSparkDrafterModel:
+    """A copy of `drafter` that reads only `target_layer_ids`, a subset of its `target_layer_ids`, in its order:
+    draft layer `j` of the copy is the draft layer of `target_layer_ids[j]`, with that layer's summary queries and
+    the columns of `fuse_boundary` that read its boundary state; every other weight is shared by all layers."""
+    current = list(drafter.config.target_layer_ids)
+    missing = [i for i in target_layer_ids if i not in current]
+    if missing or not target_layer_ids or sorted(set(target_layer_ids)) != list(target_layer_ids):
+        raise ValueError(
+            f"target_layer_ids {list(target_layer_ids)} must be a non-empty increasing subset of the init drafter's "
+            f"{current} to select its layers; start a fresh drafter for others."
+        )
+    keep = [current.index(i) for i in target_layer_ids]
+    config = copy.deepcopy(drafter.config)
+    config.target_layer_ids = list(target_layer_ids)
+    model = type(drafter)(config).to(device=drafter.device, dtype=drafter.dtype)
+    model.generation_config = copy.deepcopy(drafter.generation_config)
+    hidden = config.hidden_size
+    state = {}
+    for name, tensor in drafter.state_dict().items():
+        if name.startswith("layers."):
+            index, rest = name[len("layers."):].split(".", 1)
+            if int(index) in keep:
+                state[f"layers.{keep.index(int(index))}.{rest}"] = tensor
+        elif name == "summary_queries":
+            state[name] = tensor[keep]
+        elif name == "fuse_boundary.weight":
+            state[name] = torch.cat([tensor[:, j * hidden : (j + 1) * hidden] for j in keep], dim=1)
+        else:
+            state[name] = tensor
+    model.load_state_dict(state)
+    return model
+
+
 def _copy(destination: nn.Module, source: nn.Module) -> None:
     for name, tensor in source.state_dict().items():
         destination.state_dict()[name].copy_(tensor)
@@ -72,4 +110,4 @@ def _copy_mlp(destination: nn.Module, source: nn.Module) -> None:
     destination.down_proj.weight.copy_(down[:, keep])
 
 
-__all__ = ["init_from_target", "warm_start_config"]
+__all__ = ["init_from_target", "select_target_layers", "warm_start_config"]
