@@ -171,6 +171,8 @@ def report_table(path: Path) -> str:
         return speed_rows_table(report)
     if kind == "training_curve":
         return training_curve_table(report)
+    if kind == "recipe_campaign":
+        return recipe_campaign_table(report)
     if kind == "batched":
         return format_batched(report)
     raise SystemExit(f"{path}: no table for a report of kind {kind!r} (its 'benchmark' field).")
@@ -259,6 +261,32 @@ def training_curve_table(report: dict[str, Any]) -> str:
             f"{machine.get('cpu', 'an unknown CPU')}, torch {machine.get('torch', '?')}.")  # fmt: skip
     header = ["step", "CPU-hours", "target tokens", *(f"{w}: tau / tokens per step" for w in workloads)]
     return _table(header, rows, note)
+
+
+def recipe_campaign_table(report: dict[str, Any]) -> str:
+    """The table `scripts/recipe_campaign_table.py --json` prints: each arm's change, training CPU time, and held-out
+    tau, tokens per target step and drafter round price per workload."""
+    workloads, machine = report["workloads"], report.get("machine", {})
+
+    def cells(entry: dict[str, Any] | None) -> list[str]:
+        if entry is None:
+            return ["-", "-"]
+        return [f"{entry['tau']:.3f} / {entry['tokens_per_step']:.3f}", f"{entry['draft_round_cost']:.3f}"]
+
+    rows = [[f"`{row['arm']}`", row["change"], f"{row['cpu_hours']:.2f}",
+             *(cell for w in workloads for cell in cells(row.get(w)))] for row in report["rows"]]  # fmt: skip
+    start = report.get("start") or {}
+    if start:
+        rows.insert(0, ["start", "the drafter every arm starts from", "0.00",
+                        *(cell for w in workloads for cell in cells(start.get(w)))])  # fmt: skip
+    note = (f"Each arm trains {report['step']} steps of the reference recipe `{report['reference']}` with the change "
+            f"shown; held-out greedy tau / tokens per target step of the drafter alone (lookup off; tokens per step "
+            f"prices each round at the drafter's calibrated round cost, in target steps), all arms in one `longspark "
+            f"bench tau` run per workload; CPU-hours: the median step's wall seconds x steps x torch threads; "
+            f"{machine.get('cpu', 'an unknown CPU')}, torch {machine.get('torch', '?')}.")  # fmt: skip
+    header = ["arm", "change", "CPU-hours",
+              *(h for w in workloads for h in (f"{w}: tau / tokens per step", f"{w}: round (steps)"))]  # fmt: skip
+    return _table(header, rows, note, text_columns=2)
 
 
 def render_tables(text: str) -> str:
