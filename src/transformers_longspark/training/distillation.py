@@ -11,7 +11,7 @@ summary queries) and the final hidden states (the target distributions `p_i`). T
 forward as at inference on all anchors at once, with the Markov correction fed the true predecessors, and the loss
 `L_i = w_i [lam * CE + (1 - lam) * ||p_i - q_i||_1]`, `w_i = exp(-(i - 1) / decay)`, is normalised by the weights.
 `divergence="kl"` replaces the paper's L1 distance by the forward KL divergence `KL(p_i || q_i)` (EAGLE-3's soft
-cross-entropy), a recipe option whose gradient does not vanish where `q_i` is far from `p_i`.
+cross-entropy), a recipe option (docs/results.md, "Recipe campaign": it did not beat L1 here).
 """
 
 from __future__ import annotations
