@@ -76,21 +76,18 @@ def grouped_verification_attention(
     num_kv_heads, num_keys = key.shape[1], key.shape[2]
     unsupported = dropout > 0.0 or kwargs.get("position_bias") is not None or kwargs.get("s_aux") is not None
     float_mask = attention_mask is not None and attention_mask.dtype != torch.bool
-    # One query (a plain step): the group's query heads fold into `sdpa`'s query axis, one fused kernel call per K/V
-    # head and no mask past padding (2 threads, 9 query / 3 K/V heads of 64, 6,144 rows: 370 us against 610-690 for
-    # `sdpa` with `enable_gqa`, which the static cache's repeated heads do not beat).
-    if num_queries == 1 and not unsupported and not float_mask:
-        groups = num_heads // num_kv_heads
-        folded = query.reshape(batch, num_kv_heads, groups, head_dim)  # heads h -> K/V head h // groups, as repeat_kv
-        # A boolean `(b, 1, 1, T)` mask broadcasts over the folded heads.
-        out = torch.nn.functional.scaled_dot_product_attention(
-            folded, key, value, attn_mask=attention_mask, scale=scaling
-        )
-        return out.reshape(batch, num_heads, 1, head_dim).transpose(1, 2), None
-    if num_queries == 1 or num_queries > MAX_FOLDED_QUERIES or unsupported or float_mask:
+    if unsupported or float_mask or num_queries > MAX_FOLDED_QUERIES:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)  # fmt: skip
     groups = num_heads // num_kv_heads
+    if num_queries == 1:
+        # A plain step: the group's query heads fold into `sdpa`'s query axis, so its fused kernel reads each K/V head
+        # once without expanding it (2 threads, 9 query / 3 K/V heads of 64, 6,144 rows: 370 us against 610-690 us
+        # with `enable_gqa`); a boolean `(b, 1, 1, T)` padding mask broadcasts over the folded heads.
+        folded = query.reshape(batch, num_kv_heads, groups, head_dim)  # head h reads K/V head h // groups
+        out = torch.nn.functional.scaled_dot_product_attention(folded, key, value, attn_mask=attention_mask,
+                                                               scale=scaling)  # fmt: skip
+        return out.reshape(batch, num_heads, 1, head_dim).transpose(1, 2), None
     scaling = head_dim**-0.5 if scaling is None else scaling
     prefix = num_keys - num_queries  # cached rows before the block
     # Head h uses K/V head h // groups (as `repeat_kv`), so the group folds into the query axis: one plain matmul per

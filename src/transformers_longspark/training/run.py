@@ -313,9 +313,9 @@ class Trainer:
         c = self.config
         anchors = sample_anchors(sequence, c.anchors_per_sequence, generator)
         return sequence_loss(
-            self.target, drafter, sequence, anchors, c.ce_weight, c.position_decay, c.window_dropout, generator,
-            c.divergence,
-        )
+            self.target, drafter, sequence, anchors, ce_weight=c.ce_weight, position_decay=c.position_decay,
+            window_dropout=c.window_dropout, generator=generator, divergence=c.divergence,
+        )  # fmt: skip
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
