@@ -58,12 +58,12 @@ def main() -> None:
 
     from transformers_longspark import LongSparkDrafterModel
     from transformers_longspark.benchmarks.prompts import long_context_prompts
-    from transformers_longspark.inference.calibration import calibrated_costs
+    from transformers_longspark.inference.calibration import calibrated
     from transformers_longspark.loading import SHIPPED_DRAFTER_DIR, load_smollm2
 
     target, tokenizer = load_smollm2()
     drafter = LongSparkDrafterModel.from_pretrained(SHIPPED_DRAFTER_DIR, dtype=target.dtype)
-    costs = calibrated_costs(target, drafter)  # the verification costs of this machine
+    costs = calibrated(target, drafter).costs  # the verification costs of this machine
     prompts = long_context_prompts(tokenizer, args.lengths, len(args.lengths))
     min_matches = args.min_match
     for sampled in (False, True):

@@ -136,7 +136,7 @@ def test_tau_command_compares_drafters_on_the_same_prompts(tmp_path, monkeypatch
 
     target = context_target("qwen3")
     costs = RoundCosts(draft_round_cost=0.5, verify_token_cost=0.1)  # this "machine's" calibration
-    monkeypatch.setattr(tau_module, "calibrated_costs", lambda target, drafter: costs)
+    monkeypatch.setattr(tau_module, "calibrated", lambda target, drafter: SimpleNamespace(costs=costs))
     drafters = {
         str(tmp_path / "oracle"): make_oracle_drafter(target, window_size=8, block_size=4),
         str(tmp_path / "random"): make_drafter(target),
@@ -179,7 +179,7 @@ def test_tau_curve_by_length_runs_the_drafter_alone_and_draws_it(tmp_path, monke
     monkeypatch.setattr(runners, "_load_target", lambda args: (target, SimpleNamespace(pad_token_id=0, eos_token_id=1)))
     monkeypatch.setattr(runners, "_load_drafter_from", lambda args, target, path: (drafter, {"path": path}))
     monkeypatch.setattr(runners, "long_context_prompts", curve_prompts)
-    monkeypatch.setattr(tau_module, "calibrated_costs", lambda target, drafter: RoundCosts())
+    monkeypatch.setattr(tau_module, "calibrated", lambda target, drafter: SimpleNamespace(costs=RoundCosts()))
     path, plot = tmp_path / "curve.json", tmp_path / "curve.png"
     arguments = ["tau", "--drafter=oracle=x", "--workloads", "long", "--long-lengths", "12", "30", "--by-length"]
     benchmarks.main([*arguments, "--drafter-alone", "--max-new-tokens", "6", "--json", str(path), "--plot", str(plot)])

@@ -22,8 +22,8 @@ from helpers import (
     sampled_counts,
 )
 from transformers_longspark import LongSparkDrafterModel
-from transformers_longspark.inference import calibration
-from transformers_longspark.inference.calibration import calibrate, calibrated_costs, calibration_key, calibration_path
+from transformers_longspark.inference import calibration, verification
+from transformers_longspark.inference.calibration import calibrate, calibrated, calibration_key, calibration_path
 from transformers_longspark.inference.knobs import check_costs
 from transformers_longspark.inference.planning import RoundCosts
 from transformers_longspark.inference.session import DraftSession
@@ -39,10 +39,13 @@ def cache_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def write_calibration(target, drafter, costs: dict) -> None:
-    path = calibration_path(calibration_key(target, drafter))
+def write_calibration(target, drafter, costs: dict, blas_max_rows=1) -> None:
+    key = calibration_key(target, drafter)
+    path = calibration_path(key)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"version": 2, "costs": costs}))
+    times = {"step_ms": 30.0, "long_step_ms": 31.0, "draft_round_ms": 9.0, "forward_ms": {}, "batch_draft_round_ms": {}}
+    record = {"version": key["version"], "costs": costs, "blas_max_rows": blas_max_rows, **times, "key": key}
+    path.write_text(json.dumps(record))
 
 
 def error_of(call, kind: type[Exception] = ValueError) -> str | None:
@@ -74,7 +77,8 @@ def test_calibration_measures_finite_costs_without_touching_the_global_rng():
     for name in COSTS:
         value = getattr(result.costs, name)
         assert math.isfinite(value) and value >= 0, (name, value)
-    assert result.step_ms > 0 and result.draft_round_ms > 0 and sorted(result.forward_ms) == [2, 3, 5, 8, 16, 32, 64]
+    assert result.step_ms > 0 and result.draft_round_ms > 0
+    assert sorted(result.forward_ms) == [2, 3, 4, 5, 6, 8, 11, 16, 32, 64]
     assert [n for n, _ in result.costs.forward_costs] == sorted(result.forward_ms)
     assert [n for n, _ in result.costs.draft_batch_costs] == sorted(result.batch_draft_round_ms) == [8]
     assert check_costs(result.costs, "the test") is result.costs
@@ -97,17 +101,17 @@ def test_the_calibration_drafts_every_round_whatever_the_calls_own_sources():
 def test_a_calibration_is_measured_once_then_read_from_the_cache(cache_dir, monkeypatch):
     target = make_target("llama")
     drafter = make_drafter(target)
-    measured = calibrated_costs(target, drafter)
+    measured = calibrated(target, drafter)
     files = list((cache_dir / "calibration").glob("*.json"))
     assert len(files) == 1
-    assert json.loads(files[0].read_text())["costs"]["draft_round_cost"] == measured.draft_round_cost
+    assert json.loads(files[0].read_text())["costs"]["draft_round_cost"] == measured.costs.draft_round_cost
 
     def no_measuring(*args, **kwargs):
         raise AssertionError("measured again although a calibration is cached")
 
     monkeypatch.setattr(calibration, "calibrate", no_measuring)
     monkeypatch.setattr(calibration, "_calibrated", {})  # a new process
-    assert calibrated_costs(target, drafter) == measured
+    assert calibrated(target, drafter) == measured
 
 
 def test_the_calibration_key_follows_threads_dtype_and_target():
@@ -145,9 +149,38 @@ def test_a_nonsense_cached_calibration_is_measured_again(cache_dir, bad, caplog)
     target = make_target("llama")
     drafter = make_drafter(target)
     write_calibration(target, drafter, {**COSTS, "verify_token_cost": bad})
-    costs = calibrated_costs(target, drafter)
+    costs = calibrated(target, drafter).costs
     assert math.isfinite(costs.verify_token_cost) and costs.verify_token_cost >= 0
     assert "verify_token_cost" in caplog.text and "measuring again" in caplog.text
+
+
+@pytest.mark.parametrize("bad", [0, 2.5, "three"])
+def test_a_cached_kernel_choice_that_is_not_a_row_count_is_measured_again(cache_dir, bad, caplog):
+    target = make_target("llama")
+    drafter = make_drafter(target)
+    write_calibration(target, drafter, COSTS, blas_max_rows=bad)
+    measured = calibrated(target, drafter)
+    assert isinstance(measured.blas_max_rows, int) and measured.blas_max_rows >= 1
+    assert "blas_max_rows" in caplog.text and "measuring again" in caplog.text
+
+
+def test_generate_runs_few_row_forwards_on_the_calibrated_kernel(cache_dir, monkeypatch):
+    """The calibration's `blas_max_rows` reaches the fast path of `generate` (and the output is unchanged)."""
+    target = make_target("qwen3")
+    drafter = make_drafter(target)
+    drafter.generation_config.calibrate_costs = True
+    write_calibration(target, drafter, COSTS, blas_max_rows=5)
+    opened, original = [], verification.packed_linear_weights
+
+    def spy(*models, **kwargs):
+        opened.append(kwargs.get("blas_max_rows"))
+        return original(*models, **kwargs)
+
+    monkeypatch.setattr(verification, "packed_linear_weights", spy)
+    prompt = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(0))
+    reference, assisted = greedy_pair(target, drafter, prompt, max_new_tokens=16)
+    assert torch.equal(reference, assisted)
+    assert opened == [5]
 
 
 def test_generate_plans_with_the_calibrated_costs_and_stays_exact(cache_dir, monkeypatch):

@@ -370,3 +370,34 @@ def test_packed_weights_off_keeps_every_linear_of_target_and_drafter_on_f_linear
                         assistant_model=drafter)  # fmt: skip
         copies = [id(w) in packed_weight_ids() for w in weights]
         assert copies == [packed] * len(weights), packed
+
+
+def test_forwards_up_to_blas_max_rows_keep_f_linear():
+    """A block's `blas_max_rows` (where the CPU's BLAS beats oneDNN at a few rows): those forwards are `F.linear`'s,
+    bit for bit, and pack nothing; one row more runs packed."""
+    module = layer()
+    x = torch.randn(3, 24)
+    with torch.no_grad(), packed_linear_weights(module, blas_max_rows=3):
+        assert torch.equal(module(x), torch.nn.functional.linear(x, module.weight, module.bias))
+        assert not was_packed(module)
+        module(torch.randn(4, 24))
+    assert was_packed(module)
+
+
+def test_measure_blas_max_rows_counts_up_until_the_packed_kernel_is_as_fast(monkeypatch):
+    """The rule, with the kernels' speeds set: BLAS faster below 4 rows, the packed kernel from 4 on -> 3."""
+    import time
+
+    stock_linear, stock_packed = torch.nn.functional.linear, packed_linear._packed_product
+
+    def slow_from_4_rows(x, weight, bias=None):
+        time.sleep(0.002 if x.shape[0] >= 4 else 0.0)
+        return stock_linear(x, weight, bias)
+
+    def slow_below_4_rows(x, weights, bias, dtype):
+        time.sleep(0.002 if x.shape[0] < 4 else 0.0)
+        return stock_packed(x, weights, bias, dtype)
+
+    monkeypatch.setattr(packed_linear.F, "linear", slow_from_4_rows)
+    monkeypatch.setattr(packed_linear, "_packed_product", slow_below_4_rows)
+    assert packed_linear.measure_blas_max_rows(nn.Sequential(layer(), layer(40, 24)), repeats=2) == 3

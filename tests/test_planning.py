@@ -259,15 +259,21 @@ def test_in_a_batch_a_rows_untried_source_is_valued_at_what_the_other_rows_measu
     assert batch_round_pays(fresh, [Source.LOOKUP] + [Source.NONE] * 7, [4] + [0] * 7, 100, costs)
 
 
-def test_measured_batch_costs_replace_the_batch_1_line():
-    """Where a calibration measured forwards of 16-64 rows and a drafter round over 8 requests, a batch is priced by
-    those points (read between them, and beyond them on the last segment), not by the line of 2-8 rows."""
+def test_measured_forward_costs_replace_the_line():
+    """Where a calibration measured forwards of 2-64 rows and a drafter round over 8 requests, a verification (at
+    batch 1 too) and a batch are priced by those points (read between them, and beyond them on the last segment),
+    not by the line of the cost fields."""
     from transformers_longspark.inference.planning import interpolate
 
     line = RoundCosts(draft_round_cost=0.2, verify_round_cost=0.0, verify_token_cost=0.04)
     forwards = ((2, 1.0), (8, 1.2), (16, 1.5), (32, 2.0), (64, 3.1))
     measured = RoundCosts(**{**vars(line), "forward_costs": forwards, "draft_batch_costs": ((8, 0.6),)})
-    assert measured.batch_verify_cost(1, 3) == line.batch_verify_cost(1, 3) == pytest.approx(0.12)  # batch 1: the line
+    assert line.batch_verify_cost(1, 3) == line.verify_cost(3) == pytest.approx(0.12)
+    assert measured.batch_verify_cost(1, 3) == measured.verify_cost(3) == pytest.approx(0.2 * 2 / 6)  # 4 rows
+    assert measured.verify_cost(0) == 0.0
+    knee = RoundCosts(forward_costs=((2, 1.05), (3, 1.1), (4, 1.45), (8, 1.6)))  # the kernel changes at 4 rows
+    assert knee.verify_cost(2) == pytest.approx(0.1) and knee.verify_cost(3) == pytest.approx(0.45)
+    assert knee.lookup_value(0.6, 7)[1] == 2  # a continuation kept 60% of the time: stop before the knee
     assert measured.forward_cost(64) == 3.1 and measured.forward_cost(128) == pytest.approx(5.3)
     assert measured.batch_verify_cost(8, 3) == pytest.approx(2.0 / 1.2 - 1)
     assert line.batch_verify_cost(8, 3) == pytest.approx((1 + 0.04 * 31) / (1 + 0.04 * 7) - 1)

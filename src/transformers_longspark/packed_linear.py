@@ -8,6 +8,9 @@ over weights reordered once (`torch.ops.mkldnn._reorder_linear_weight`) read eac
 1 row, 37-52 ms for 2-8 rows, and still ahead of sgemm at 64 rows. Past `MAX_PACKED_ROWS` rows (a prefill)
 sgemm's packing is amortised and the stock path is as fast, so it runs unchanged; so does one row (a one-token
 step), where `F.linear` is a matrix-vector product that repacks nothing and oneDNN's per-call setup would cost more.
+Which kernel wins at a few rows is the CPU's: on a 2-vCPU Intel Xeon with AVX-512, MKL's sgemm runs the same layers
+in 20-21 ms at 2-3 rows against oneDNN's 26.5, and loses from 4 rows on (32 against 26.5). So a block may name the
+most rows that keep `F.linear` (`blas_max_rows`), as `measure_blas_max_rows` measures it on the model at hand.
 
 `packed_linear_weights(*models)` routes the `nn.Linear` layers of `models` through packed weights for this thread,
 for the duration of the block (`fast_verification` opens it for the target); `linear` is the same for a bare weight
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Iterator
@@ -56,7 +60,8 @@ class _ThreadState(threading.local):
 
 
 _thread = _ThreadState()
-_routed: dict[int, tuple[int, torch.dtype | None]] = {}  # id(layer) -> (open blocks routing it, compute dtype)
+# id(layer) -> (open blocks routing it, compute dtype, the most rows kept on `F.linear`)
+_routed: dict[int, tuple[int, torch.dtype | None, int]] = {}
 _lock = threading.Lock()
 _ONEDNN = torch.backends.mkldnn.is_available()
 # Looked up once (`torch.ops` resolves names on every access), and only where oneDNN is built in (elsewhere the op
@@ -228,20 +233,20 @@ def _packed_product(
     return _LINEAR_POINTWISE(input.to(compute), packed, bias, "none", [], "").to(input.dtype)
 
 
-def _one_row_in_its_dtype(input: torch.Tensor, compute: torch.dtype | None) -> bool:
+def _one_row_in_its_dtype(input: torch.Tensor, compute: torch.dtype | None, blas_max_rows: int = 1) -> bool:
     """Whether a product keeps `F.linear`, as one row computed in its own dtype: BLAS's matrix-vector product reads
     each weight once without repacking, and oneDNN's per-call setup (~30 us a product) would only add to it
     (SmolLM2-135M, fp32, a one-token step on a 2-vCPU AMD EPYC: 65 ms with `F.linear`, 78 ms packed at one thread,
     equal at two). A lower-precision `compute` still packs one row: it reads a fraction of the bytes."""
-    return input.numel() == input.shape[-1] and compute in (None, input.dtype)
+    return compute in (None, input.dtype) and input.numel() <= blas_max_rows * input.shape[-1]
 
 
 def _routed_forward(layer: nn.Linear, input: torch.Tensor) -> torch.Tensor:
     """What a routed layer's `forward` runs: `linear` with its weight, bias and its block's compute dtype; one row in
-    its own dtype goes to `F.linear` at once (a one-token step calls ~200 layers, and each call on the way costs
-    ~1.5 us)."""
-    compute = _routed[id(layer)][1]
-    if _one_row_in_its_dtype(input, compute):
+    its own dtype (or up to the block's `blas_max_rows`) goes to `F.linear` at once (a one-token step calls
+    ~200 layers, and each call on the way costs ~1.5 us)."""
+    _, compute, blas_max_rows = _routed[id(layer)]
+    if _one_row_in_its_dtype(input, compute, blas_max_rows):
         return F.linear(input, layer.weight, layer.bias)
     return linear(input, layer.weight, layer.bias, compute)
 
@@ -252,20 +257,24 @@ def _packable_layers(models: tuple[nn.Module, ...]) -> list[nn.Linear]:
 
 
 @contextlib.contextmanager
-def packed_linear_weights(*models: nn.Module, dtype: torch.dtype | None = None) -> Iterator[None]:
+def packed_linear_weights(
+    *models: nn.Module, dtype: torch.dtype | None = None, blas_max_rows: int = 1
+) -> Iterator[None]:
     """Inside the block, this thread's few-row forwards of `models`' CPU `nn.Linear` layers use packed weights (in
-    `dtype`, when given: see the module docstring).
+    `dtype`, when given: see the module docstring), except forwards of at most `blas_max_rows` rows in the layers' own
+    dtype, which keep `F.linear` (`measure_blas_max_rows`).
 
     Blocks nest and may be open in several threads at once; a layer's own `forward` is restored when the last block
-    routing it exits, exceptions included. A layer routed by several open blocks keeps the first one's dtype.
+    routing it exits, exceptions included. A layer routed by several open blocks keeps the first one's dtype and
+    `blas_max_rows`.
     """
     layers = _packable_layers(models)
     with _lock:
         for layer in layers:
-            count, routed_dtype = _routed.get(id(layer), (0, dtype))
+            count, *routing = _routed.get(id(layer), (0, dtype, blas_max_rows))
             if count == 0:
                 layer.forward = _routed_forward.__get__(layer)
-            _routed[id(layer)] = (count + 1, routed_dtype)
+            _routed[id(layer)] = (count + 1, *routing)
     _thread.depth += 1
     try:
         yield
@@ -273,11 +282,47 @@ def packed_linear_weights(*models: nn.Module, dtype: torch.dtype | None = None) 
         _thread.depth -= 1
         with _lock:
             for layer in layers:
-                count, routed_dtype = _routed.pop(id(layer))
+                count, *routing = _routed.pop(id(layer))
                 if count > 1:
-                    _routed[id(layer)] = (count - 1, routed_dtype)
+                    _routed[id(layer)] = (count - 1, *routing)
                 else:
                     del layer.forward  # back to `nn.Linear.forward`
+
+
+@torch.no_grad()
+def measure_blas_max_rows(model: nn.Module, repeats: int = 3, max_rows: int = 16) -> int:
+    """The most rows up to which `F.linear` runs `model`'s packable linear layers (in their own dtype) faster than
+    their packed copies on this machine, counting up from 2 rows until the packed kernel is as fast: 1 where it is at
+    2 rows already (or cannot pack them). Times one pass over all the layers per kernel and row count, interleaved, the
+    fastest of `repeats` (other processes only ever add time); the packed copies made on the way are kept."""
+    layers = _packable_layers((model,))
+    generator = torch.Generator().manual_seed(0)
+    dtype = layers[0].weight.dtype if layers else torch.float32
+    widths = {layer.in_features for layer in layers}
+
+    def seconds(kernel, inputs: dict[int, torch.Tensor]) -> float:
+        start = time.perf_counter()
+        for layer in layers:
+            kernel(inputs[layer.in_features], layer)
+        return time.perf_counter() - start
+
+    def blas(x, layer):
+        return F.linear(x, layer.weight, layer.bias)
+
+    def packed(x, layer):
+        return _packed_product(x, (layer.weight,), layer.bias, layer.weight.dtype)
+
+    first = {w: torch.randn(2, w, generator=generator).to(dtype) for w in widths}
+    if not layers or any(packed(first[layer.in_features], layer) is None for layer in layers):
+        return 1
+    most = 1
+    for rows in range(2, max_rows + 1):
+        inputs = {w: torch.randn(rows, w, generator=generator).to(dtype) for w in widths}
+        times = [(seconds(blas, inputs), seconds(packed, inputs)) for _ in range(repeats)]
+        if min(t[0] for t in times) >= min(t[1] for t in times):
+            break
+        most = rows
+    return most
 
 
 def drafter_linear_dtype(drafter: nn.Module) -> torch.dtype:
@@ -316,6 +361,7 @@ __all__ = [
     "fused_linears",
     "packed_drafter_weights",
     "linear",
+    "measure_blas_max_rows",
     "packed_copy",
     "packed_linear_weights",
     "release_packed_weights",

@@ -21,7 +21,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel
 
-from ..inference.calibration import costs_for_generate
+from ..inference.calibration import calibration_for_generate
 from ..inference.knobs import DraftingKnobs
 from ..inference.verification import fast_verification
 from ..modeling_longspark import LongSparkDrafterModel
@@ -282,6 +282,8 @@ def _json_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
 
 def _planned_costs(target: PreTrainedModel, drafter: LongSparkDrafterModel) -> dict[str, Any]:
     """The cost model the drafter's own settings planned with in this run: its calibration, or its fields."""
-    calibrated = costs_for_generate(target, drafter)
-    costs = calibrated or DraftingKnobs.from_generation_config(drafter.generation_config).costs
-    return {"source": "calibration" if calibrated else "generation_config", **asdict(costs)}
+    calibration = calibration_for_generate(target, drafter)
+    if calibration is None:
+        costs = DraftingKnobs.from_generation_config(drafter.generation_config).costs
+        return {"source": "generation_config", **asdict(costs)}
+    return {"source": "calibration", "blas_max_rows": calibration.blas_max_rows, **asdict(calibration.costs)}

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ..inference.calibration import calibrated_costs
+from ..inference.calibration import calibrated
 from ..inference.planning import RoundCosts
 from ..inference.stats import DraftingStats, tau
 from .common import machine_info
@@ -60,7 +60,7 @@ def run_tau_benchmark(
     greedy_identical}], ...}` for every workload of `prompts` (`{workload: [{"input_ids": [...], ...}]}`) and every
     drafter of `drafters` (name -> model), at `settings` (`TauSettings`, default `TauSettings()`).
 
-    `tokens_per_step` prices every round with the drafter's calibrated costs on this machine (`calibrated_costs`,
+    `tokens_per_step` prices every round with the drafter's calibrated costs on this machine (`calibrated`,
     reported as `costs`): `(new tokens - prompts) / sum of (1 + verify_cost(proposed) + drafter_cost(length))` over
     the rounds, a drafter round costing `draft_round_cost` and a lookup round nothing; with all costs 0 it is tau."""
     settings = settings or TauSettings()
@@ -73,7 +73,7 @@ def run_tau_benchmark(
         outputs: dict[str, list[list[int]]] = {}
         workload_rows = []
         for name, drafter in drafters.items():
-            costs = calibrated_costs(target, drafter)
+            costs = calibrated(target, drafter).costs
             for field, value in settings.drafter_fields().items():
                 setattr(drafter.generation_config, field, value)
             total, new_tokens, cost_steps, outputs[name] = DraftingStats(), 0, 0.0, []

@@ -13,13 +13,15 @@ non-finite) is measured again, with a warning.
 
 What is measured, interleaved so that a busy machine skews all parts alike (the fastest of `repeats` each: other
 processes only ever add time):
+- first, which kernel runs the target's linear layers at a few rows (`blas_max_rows`,
+  `packed_linear.measure_blas_max_rows`): the fast path then takes it, in the forwards below and in `generate`;
 - `step`: a one-token forward of the target at a short prefix (`SHORT_PREFIX`);
 - a drafter round (boundary states, context read with the summary update, planning, the drafter forward and its
   token loop) -> `draft_round_cost = round / step`;
-- forwards of `1 + k` tokens for `k` in `VERIFY_TOKENS` -> `verify_round_cost + verify_token_cost * k`, the least
-  squares line through `forward / step - 1` (each clamped at 0), and of `BATCH_ROWS` tokens too -> `forward_costs`,
-  `forward / step` at every measured row count, which prices a batch's verification (`RoundCosts.batch_verify_cost`:
-  at batch 8 a round verifies up to 64 rows, beyond the line's reach);
+- forwards of `1 + k` tokens for `k` in `VERIFY_TOKENS` and of `BATCH_ROWS` tokens -> `forward_costs`, `forward /
+  step` at every measured row count, which prices a verification (`RoundCosts.verify_cost`, and a batch's:
+  `RoundCosts.batch_verify_cost`), and the least squares line through `forward / step - 1` of `VERIFY_TOKENS` (each
+  clamped at 0) -> `verify_round_cost + verify_token_cost * k`, the drafter config's own fields, as a record;
 - a drafter round over `DRAFT_BATCH` requests of a batched cache -> `draft_batch_costs`, so that a batch prices its
   drafter round as measured (its context reads and drafter forward grow with the rows, not as the target step does);
 - a one-token forward at `LONG_PREFIX` -> `step_doubling_length`, the prefix over which the step's cost grows by one
@@ -35,6 +37,7 @@ import os
 import platform
 import time
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +46,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from ..files import cache_root
 from ..modeling_longspark import LongSparkDrafterModel
-from ..packed_linear import drafter_linear_dtype, packed_drafter_weights
+from ..packed_linear import drafter_linear_dtype, measure_blas_max_rows, packed_drafter_weights
 from .drafting import DraftRequests, DraftSettings
 from .knobs import DraftingKnobs, check_costs
 from .planning import RoundCosts, Source
@@ -52,25 +55,27 @@ from .verification import fast_verification
 
 logger = logging.getLogger("transformers_longspark")
 
-CALIBRATION_VERSION = 3
+CALIBRATION_VERSION = 4
 SHORT_PREFIX = 128
 LONG_PREFIX = 1024
-VERIFY_TOKENS = (1, 2, 4, 7)
+VERIFY_TOKENS = (1, 2, 3, 4, 5, 7, 10)
 BATCH_ROWS = (16, 32, 64)
 DRAFT_BATCH = 8
 REPEATS = 7
 # Growth of the step below this fraction between the two prefixes is noise: the step is taken as flat.
 MIN_STEP_GROWTH = 0.05
 
-_calibrated: dict[str, RoundCosts] = {}  # this process's calibrations, by key digest
+_calibrated: dict[str, Calibration] = {}  # this process's calibrations, by key digest
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """The measured costs (`costs`, in target steps), the times they come from (milliseconds) and what they are for
+    """The measured costs (`costs`, in target steps), the most rows at which the target's linear layers run faster on
+    `F.linear` than packed (`blas_max_rows`), the times the costs come from (milliseconds) and what they are for
     (`key`: machine, target, dtypes)."""
 
     costs: RoundCosts
+    blas_max_rows: int
     step_ms: float
     long_step_ms: float
     draft_round_ms: float
@@ -114,30 +119,30 @@ def calibration_path(key: dict[str, Any]) -> Path:
     return cache_root() / "calibration" / f"{digest}.json"
 
 
-def costs_for_generate(target: PreTrainedModel, drafter: LongSparkDrafterModel) -> RoundCosts | None:
-    """The calibrated costs where the drafter's `generation_config` sets `calibrate_costs` (`calibrated_costs`),
-    else `None` (its own cost fields apply)."""
+def calibration_for_generate(target: PreTrainedModel, drafter: LongSparkDrafterModel) -> Calibration | None:
+    """The calibration where the drafter's `generation_config` sets `calibrate_costs` (`calibrated`), else `None`
+    (its own cost fields apply, and the fast path packs every few-row forward)."""
     if not DraftingKnobs.from_generation_config(drafter.generation_config).calibrate_costs:
         return None
-    return calibrated_costs(target, drafter)
+    return calibrated(target, drafter)
 
 
-def calibrated_costs(target: PreTrainedModel, drafter: LongSparkDrafterModel) -> RoundCosts:
-    """The costs of `drafter`'s rounds with `target` on this machine: from this process, from the cache, or measured
-    now and cached (`calibrate_and_cache` measures again)."""
+def calibrated(target: PreTrainedModel, drafter: LongSparkDrafterModel) -> Calibration:
+    """The calibration of `drafter`'s rounds with `target` on this machine: from this process, from the cache, or
+    measured now and cached (`calibrate_and_cache` measures again)."""
     path = calibration_path(calibration_key(target, drafter))
     if path.name in _calibrated:
         return _calibrated[path.name]
-    costs = _read_cached(path)
-    if costs is None:
+    calibration = _read_cached(path)
+    if calibration is None:
         logger.warning(
             "LongSpark: measuring the round costs of this drafter with this target on this machine (once, a few "
             "seconds; cached in %s; `longspark calibrate` re-measures).",
             path,
         )
-        costs = calibrate_and_cache(target, drafter)[0].costs
-    _calibrated[path.name] = costs
-    return costs
+        calibration = calibrate_and_cache(target, drafter)[0]
+    _calibrated[path.name] = calibration
+    return calibration
 
 
 def calibrate_and_cache(target: PreTrainedModel, drafter: LongSparkDrafterModel) -> tuple[Calibration, Path]:
@@ -148,16 +153,23 @@ def calibrate_and_cache(target: PreTrainedModel, drafter: LongSparkDrafterModel)
     temporary = path.with_suffix(f".{os.getpid()}.tmp")
     temporary.write_text(json.dumps(calibration.to_json(), indent=2) + "\n", encoding="utf-8")
     temporary.replace(path)  # atomic: a concurrent reader sees the old file or the new one
-    _calibrated[path.name] = calibration.costs
+    _calibrated[path.name] = calibration
     return calibration, path
 
 
-def _read_cached(path: Path) -> RoundCosts | None:
+def _read_cached(path: Path) -> Calibration | None:
     if not path.exists():
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        return check_costs(RoundCosts(**data["costs"]), f"The calibration in {path}")
+        data.pop("version")
+        costs = check_costs(RoundCosts(**data.pop("costs")), f"The calibration in {path}")
+        if not isinstance(data["blas_max_rows"], int) or data["blas_max_rows"] < 1:
+            raise ValueError(f"blas_max_rows must be a whole number of rows >= 1, got {data['blas_max_rows']!r}")
+        # JSON keys are strings: the row and batch counts back to ints.
+        for name in ("forward_ms", "batch_draft_round_ms"):
+            data[name] = {int(rows): ms for rows, ms in data[name].items()}
+        return Calibration(costs=costs, **data)
     except (ValueError, KeyError, TypeError) as error:
         logger.warning("LongSpark: ignoring the calibration in %s (%s); measuring again.", path, error)
         return None
@@ -181,8 +193,10 @@ def calibrate(target: PreTrainedModel, drafter: LongSparkDrafterModel, repeats: 
     session = DraftSession(drafter, target, settings)
     cache = DynamicCache(config=target.config)
     rows = SHORT_PREFIX + repeats + 2 + max(forward_rows)
+    blas_max_rows = measure_blas_max_rows(target) if device.type == "cpu" else 1
+    fast_path = partial(fast_verification, target, blas_max_rows=blas_max_rows)
     try:
-        with fast_verification(target, cache, rows), packed_drafter_weights(drafter):
+        with fast_path(cache, rows), packed_drafter_weights(drafter):
             target(prompt, cache=cache, use_cache=True, logits_to_keep=1)
             state, planner, ids = session.new_state(), session.new_planner(), prompt
             for _ in range(repeats + 1):  # the first of each is a warm-up
@@ -194,8 +208,8 @@ def calibrate(target: PreTrainedModel, drafter: LongSparkDrafterModel, repeats: 
                     block = torch.randint(vocab, (1, n), generator=generator).to(device)
                     forwards[n].append(_timed(device, target, block, cache=cache, use_cache=True))
                     cache.crop(-n)
-        long_steps = _long_steps(target, vocab, long_prefix, repeats, generator)
-        batch_rounds = _batch_drafter_rounds(session, target, vocab, DRAFT_BATCH, repeats, generator)
+        long_steps = _long_steps(fast_path, target, vocab, long_prefix, repeats, generator)
+        batch_rounds = _batch_drafter_rounds(session, fast_path, target, vocab, DRAFT_BATCH, repeats, generator)
     finally:
         session.close()
     step, long_step, draft_round = min(steps[1:]), min(long_steps[1:]), min(rounds[1:])
@@ -215,6 +229,7 @@ def calibrate(target: PreTrainedModel, drafter: LongSparkDrafterModel, repeats: 
     check_costs(costs, "The measured calibration")
     return Calibration(
         costs=costs,
+        blas_max_rows=blas_max_rows,
         step_ms=step * 1e3,
         long_step_ms=long_step * 1e3,
         draft_round_ms=draft_round * 1e3,
@@ -241,16 +256,16 @@ def _drafter_round(session: DraftSession, state, planners: list, cache, ids: tor
 
 
 def _batch_drafter_rounds(
-    session: DraftSession, target, vocab: int, batch: int, repeats: int, generator: torch.Generator
+    session: DraftSession, fast_path, target, vocab: int, batch: int, repeats: int, generator: torch.Generator
 ) -> list[float]:
     """Drafter rounds over `batch` requests of one batched cache (`SHORT_PREFIX` columns each), a one-token batched
-    step before each, as the batched loop runs them."""
+    step before each, as the batched loop runs them (`fast_path(cache, rows)`: the fast verification block)."""
     device = target.device
     cache, state = DynamicCache(config=target.config), session.new_state()
     planners = [session.new_planner() for _ in range(batch)]
     ids = torch.randint(vocab, (batch, SHORT_PREFIX), generator=generator).to(device)
     times = []
-    with fast_verification(target, cache, SHORT_PREFIX + repeats + 2):
+    with fast_path(cache, SHORT_PREFIX + repeats + 2):
         target(ids, cache=cache, use_cache=True, logits_to_keep=1)
         for _ in range(repeats + 1):
             token = torch.randint(vocab, (batch, 1), generator=generator).to(device)
@@ -260,11 +275,11 @@ def _batch_drafter_rounds(
     return times
 
 
-def _long_steps(target, vocab: int, length: int, repeats: int, generator: torch.Generator) -> list[float]:
+def _long_steps(fast_path, target, vocab: int, length: int, repeats: int, generator: torch.Generator) -> list[float]:
     """One-token forwards at a prefix of `length` tokens (prefilled in chunks) on the fast path."""
     device = target.device
     cache = DynamicCache(config=target.config)
-    with fast_verification(target, cache, length + 2):
+    with fast_path(cache, length + 2):
         for start in range(0, length, 1024):
             chunk = torch.randint(vocab, (1, min(1024, length - start)), generator=generator).to(device)
             target(chunk, cache=cache, use_cache=True, logits_to_keep=1)
@@ -319,8 +334,8 @@ __all__ = [
     "Calibration",
     "calibrate",
     "calibrate_and_cache",
-    "calibrated_costs",
+    "calibrated",
     "calibration_key",
     "calibration_path",
-    "costs_for_generate",
+    "calibration_for_generate",
 ]

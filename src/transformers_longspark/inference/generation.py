@@ -30,7 +30,7 @@ from ..modeling_longspark import LongSparkDrafterModel
 from ..packed_linear import packed_drafter_weights
 from ..targets import check_target_compatible
 from ..transformers_private import original_generation_methods, patch_generation_methods
-from .calibration import costs_for_generate
+from .calibration import calibration_for_generate
 from .drafting import DraftRequests, DraftSettings, Proposal
 from .knobs import DraftingKnobs
 from .session import DraftSession
@@ -169,8 +169,9 @@ def _call_settings(
     logits_processor: LogitsProcessorList | None,
 ) -> DraftSettings:
     """The `DraftSettings` of one `generate` call, with this machine's calibrated costs where the drafter asks for
-    them (`calibration.costs_for_generate`)."""
-    costs = costs_for_generate(target, drafter)
+    them (`calibration.calibration_for_generate`)."""
+    calibration = calibration_for_generate(target, drafter)
+    costs = None if calibration is None else calibration.costs
     return DraftSettings.for_generate(drafter, generation_config, logits_processor, costs)
 
 
@@ -195,10 +196,14 @@ def _assisted_decoding(self, input_ids, *args, assistant_model=None, **kwargs):
     try:
         fast = assistant_model.fast_verification
         packed = assistant_model.packed_weights
+        blas_max_rows = 1
         if fast and packed:
             assistant_model.bind_target(self)  # its output head is one of the layers to pack
+            # Measured (once per machine and target) before the fast path opens: the kernel of few-row forwards.
+            calibration = calibration_for_generate(self, assistant_model)
+            blas_max_rows = 1 if calibration is None else calibration.blas_max_rows
         with (
-            fast_verification(self, cache, max_length, packed) if fast else nullcontext(),
+            fast_verification(self, cache, max_length, packed, blas_max_rows) if fast else nullcontext(),
             packed_drafter_weights(assistant_model) if fast and packed else nullcontext(),
         ):
             return decode(self, input_ids, *args, assistant_model=assistant_model, **kwargs)

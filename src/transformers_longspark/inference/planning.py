@@ -139,17 +139,21 @@ class RoundCosts:
         return measured / self.forward_cost(batch) / growth
 
     def verify_cost(self, proposed: float) -> float:
-        """What verifying `proposed` tokens costs beyond a plain step, in steps."""
+        """What verifying `proposed` tokens costs beyond a plain step, in steps: the measured `forward_costs` of
+        `1 + proposed` rows where a calibration measured them (a CPU whose kernel changes between 3 and 4 rows has a
+        knee that no line follows), else `verify_round_cost + verify_token_cost * proposed`."""
+        if self.forward_costs:
+            return self.forward_cost(1 + proposed) - 1.0 if proposed > 0 else 0.0
         return self.verify_round_cost + self.verify_token_cost * proposed
 
-    def forward_cost(self, rows: int) -> float:
+    def forward_cost(self, rows: float) -> float:
         """One forward of `rows` tokens, in one-row steps: the measured `forward_costs`, else the line of
         `verify_cost` (`1 + k` rows cost `1 + verify_cost(k)`)."""
         if rows <= 1:
             return 1.0
         if self.forward_costs:
             return interpolate(((1, 1.0), *self.forward_costs), rows)
-        return 1.0 + self.verify_cost(rows - 1)
+        return 1.0 + self.verify_round_cost + self.verify_token_cost * (rows - 1)
 
     def batch_verify_cost(self, batch: int, proposed: int) -> float:
         """What verifying `proposed` tokens in each of `batch` rows costs beyond a plain batched step, in such steps:

@@ -199,7 +199,11 @@ def reserve_cache_rows(cache: Cache, num_rows: int) -> None:
 
 @contextlib.contextmanager
 def fast_verification(
-    model: PreTrainedModel, cache: Cache | None = None, max_length: int | None = None, packed_weights: bool = True
+    model: PreTrainedModel,
+    cache: Cache | None = None,
+    max_length: int | None = None,
+    packed_weights: bool = True,
+    blas_max_rows: int = 1,
 ) -> Iterator[None]:
     """Verifies with `grouped_verification_attention` (and appends into reserved cache rows) inside the block.
 
@@ -208,7 +212,8 @@ def fast_verification(
     docstring); the last block to exit, in any thread, restores the model's implementation, exceptions included.
     `cache` (still empty) gets `max_length` reserved rows per full-attention layer; it is not restored, as its layers
     hold the rows. With `packed_weights`, the model's CPU linear layers use packed weights (`packed_linear_weights`,
-    which keeps them).
+    which keeps them) in forwards of more than `blas_max_rows` tokens (the calibration measures where `F.linear` is
+    faster: `packed_linear.measure_blas_max_rows`).
     """
     if cache is not None and max_length is not None:
         reserve_cache_rows(cache, max_length)
@@ -222,7 +227,7 @@ def fast_verification(
             set_attention_implementation(config, ATTENTION_NAME)
     _thread.depth += 1
     try:
-        with packed_linear_weights(model) if packed_weights else contextlib.nullcontext():
+        with packed_linear_weights(model, blas_max_rows=blas_max_rows) if packed_weights else contextlib.nullcontext():
             yield
     finally:
         _thread.depth -= 1
