@@ -228,6 +228,8 @@ MUTATIONS = [
     Mutation("fast_verification ignores packed_weights=False", "inference/verification.py",
              "if packed_weights else contextlib.nullcontext()", "if True else contextlib.nullcontext()",
              PACKED),
+    Mutation("a drafter block ignores the length its planner chose", "inference/drafting.py",
+             "room[r] = min(int(room[r]), k)", "room[r] = int(room[r])", PLANNER_RECORDS),
     Mutation("few-row forwards past blas_max_rows keep F.linear", "packed_linear.py",
              "input.numel() <= blas_max_rows * input.shape[-1]", "input.numel() <= 64 * input.shape[-1]", PACKED),
     Mutation("the calibration's kernel choice never reaches generate's fast path", "inference/generation.py",

@@ -193,8 +193,8 @@ def counted_choices(monkeypatch, drafter_accepted: float) -> list[Source]:
         planner.records[Source.DRAFTER] = SourceRecord(accepted=drafter_accepted, proposed=2.0)
         return planner
 
-    def recorded(self, continuation, can_draft, length=0, matched=0):
-        choices.append(choose(self, continuation, can_draft, length, matched))
+    def recorded(self, continuation, can_draft, length=0, matched=0, room=None):
+        choices.append(choose(self, continuation, can_draft, length, matched, room))
         return choices[-1]
 
     monkeypatch.setattr(DraftSettings, "new_planner", seeded)

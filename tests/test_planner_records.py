@@ -139,3 +139,27 @@ def test_rows_that_end_early_leave_each_remaining_row_its_own_planner_and_index(
         assert planner == id(planners[row]) and offset == offsets[row]
         assert index_tokens == tokens[offset : offset + len(index_tokens)] and len(index_tokens) == len(tokens) - offset
     assert {row for row, *_ in seen[-3:]} == {1}  # the last rounds served row 1 alone
+
+
+def test_a_drafter_block_ends_at_the_length_its_planner_chose(monkeypatch):
+    """Whole blocks (no confidence cuts), and a verification priced so that a drafter that keeps little is worth 1-2
+    tokens, not 4: every drafted block proposes at most what its planner chose this round, and some choose less."""
+    chosen, draft_round = [], session.DraftSession.draft_round
+
+    def proposed(self, requests, planners, read_context):
+        proposal = draft_round(self, requests, planners, read_context)
+        for r, planner in enumerate(planners):
+            if proposal.sources[r] is Source.DRAFTER:
+                chosen.append((planner.draft_length, int(proposal.num_drafted[r])))
+        return proposal
+
+    monkeypatch.setattr(session.DraftSession, "draft_round", proposed)
+    target = make_target("llama", seed=0)
+    drafter = make_drafter(target, block_size=4)
+    config = drafter.generation_config
+    config.assistant_confidence_threshold = config.block_confidence_threshold = 0.0
+    config.draft_round_cost, config.verify_round_cost, config.verify_token_cost = 0.0, 0.0, 0.3
+    prompts = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(0))
+    target.generate(prompts, max_new_tokens=40, do_sample=False, assistant_model=drafter, pad_token_id=0)
+    assert chosen and all(1 <= drafted <= length <= 4 for length, drafted in chosen), chosen
+    assert any(length < 4 for length, _ in chosen), chosen

@@ -27,11 +27,13 @@ def test_untried_sources_are_tried_first():
 def test_the_source_worth_more_tokens_per_step_wins():
     planner = RoundPlanner(CPU)
     planner.record(Source.LOOKUP, proposed=10, accepted=4)  # rate 0.8: 5 of 10 tokens, (1 + 2.69) / (1 + 0.75) = 2.1
-    planner.record(Source.DRAFTER, proposed=3, accepted=2)  # (1 + 2) / (1 + 0.4 + 0.45) = 1.62
+    planner.record(Source.DRAFTER, proposed=3, accepted=2)  # rate 2/3: 4 of 7, (1 + 1.6) / (1 + 0.6 + 0.4) = 1.3
     assert planner.choose([7] * 10, can_draft=True) is Source.LOOKUP and planner.lookup_length(10) == 5
     assert planner.choose([7] * 3, can_draft=True) is Source.LOOKUP  # (1 + 1.95) / (1 + 0.45) = 2.04
-    assert planner.choose([7], can_draft=True) is Source.DRAFTER  # one token: (1 + 0.8) / (1 + 0.15) = 1.57
-    assert planner.choose([], can_draft=True) is Source.DRAFTER
+    assert planner.choose([7], can_draft=True) is Source.LOOKUP  # one token: (1 + 0.8) / (1 + 0.15) = 1.57
+    assert planner.choose([], can_draft=True) is Source.DRAFTER and planner.draft_length == 4
+    assert planner.choose([], can_draft=True, room=2) is Source.DRAFTER and planner.draft_length == 2
+    assert planner.choose([7] * 10, can_draft=True) is Source.LOOKUP and planner.draft_length == 0
 
 
 def test_a_drafter_that_does_not_pay_is_skipped_and_probed_at_growing_intervals():
@@ -253,7 +255,9 @@ def test_in_a_batch_a_rows_untried_source_is_valued_at_what_the_other_rows_measu
     assert batch_expected_accepted(batch, [Source.LOOKUP] + [Source.NONE] * 7, [4] + [0] * 7)[0] == pytest.approx(
         expected_accepted(rate, 4)
     )
-    assert batch_expected_accepted(batch, [Source.DRAFTER] + [Source.NONE] * 7, [4] + [0] * 7)[0] == pytest.approx(1)
+    assert batch_expected_accepted(batch, [Source.DRAFTER] + [Source.NONE] * 7, [4] + [0] * 7)[0] == pytest.approx(
+        expected_accepted(poor[0].drafter_rate(), 4)
+    )
     assert not batch_round_pays(batch, [Source.LOOKUP] + [Source.NONE] * 7, [4] + [0] * 7, 100, costs)
     fresh = [RoundPlanner(costs) for _ in range(8)]  # no row has tried it: worth trying once
     assert batch_round_pays(fresh, [Source.LOOKUP] + [Source.NONE] * 7, [4] + [0] * 7, 100, costs)

@@ -119,7 +119,9 @@ class DraftSettings:
         lookup = None
         if self.lookup_min_match:
             lookup = SuffixIndex(self.lookup_min_match, max(self.lookup_min_match, LOOKUP_MAX_NGRAM), offset)
-        return RoundPlanner(self.costs, lookup, choose_lookup_length=self.lookup_choose_length)
+        return RoundPlanner(
+            self.costs, lookup, choose_lookup_length=self.lookup_choose_length, block_size=self.block_size
+        )
 
 
 @dataclass
@@ -255,19 +257,21 @@ def plan_round(requests: DraftRequests, settings: DraftSettings, planners: list[
     """Each request's source this round (`RoundPlanner.choose`): its lookup index is first extended with the
     request's tokens since the last round, and its continuation is a candidate when the matched suffix has at least
     `settings.lookup_min_match` tokens; a round that takes it proposes the length its planner chose from past rounds
-    (`RoundPlanner.lookup_length`)."""
-    sources, continuations = [], {}
+    (`RoundPlanner.lookup_length`), and a drafter block at most the length it chose (`RoundPlanner.draft_length`)."""
+    sources, continuations, draft_lengths = [], {}, {}
     for r, planner in enumerate(planners):
-        room, continuation, matched, index = int(requests.room[r]), [], 0, planner.lookup
-        if index is not None:
-            row, length = int(requests.rows[r]), int(requests.lengths[r])
-            index.extend(requests.sequences[row, index.offset + len(index) : length].tolist())
+        room, length, continuation, matched = int(requests.room[r]), int(requests.lengths[r]), [], 0
+        if planner.lookup is not None:
+            index = planner.lookup
+            index.extend(requests.sequences[int(requests.rows[r]), index.offset + len(index) : length].tolist())
             proposed, matched = index.continuation(min(settings.lookup_num_tokens, room))
             continuation = proposed if matched >= settings.lookup_min_match else []
         can_draft = settings.use_drafter and room > 0
-        source = planner.choose(continuation, can_draft=can_draft, length=int(requests.lengths[r]), matched=matched)
+        source = planner.choose(continuation, can_draft=can_draft, length=length, matched=matched, room=room)
         if source is Source.LOOKUP:
             continuations[r] = continuation[: planner.lookup_length(len(continuation), matched)]
+        elif source is Source.DRAFTER:
+            draft_lengths[r] = planner.draft_length
         sources.append(source)
     if len(planners) > 1:  # a batch verifies every row at the widest proposal: the round as a whole must pay
         proposed = [
@@ -276,19 +280,19 @@ def plan_round(requests: DraftRequests, settings: DraftSettings, planners: list[
         ]
         if not batch_round_pays(planners, sources, proposed, int(requests.lengths.max()), settings.costs):
             return RoundPlan([Source.NONE] * len(planners), {})
-    return RoundPlan(sources, continuations)
+    return RoundPlan(sources, continuations, draft_lengths)
 
 
 def _expected_proposal(
     planner: RoundPlanner, source: Source, continuation: list[int] | None, settings: DraftSettings
 ) -> int:
     """The tokens a request's round is expected to propose: its lookup continuation, or the drafter's running mean
-    (its confidence cuts end blocks early), or the block while the drafter is untried."""
+    (its confidence cuts end blocks early) up to the length its planner chose, or that length while it is untried."""
     if source is Source.LOOKUP:
         return len(continuation)
     if source is Source.DRAFTER:
         proposed = planner.records[Source.DRAFTER].proposed
-        return settings.block_size if proposed is None else max(1, round(proposed))
+        return planner.draft_length if proposed is None else max(1, min(round(proposed), planner.draft_length))
     return 0
 
 
@@ -304,6 +308,11 @@ def propose_blocks(
     tokens at no drafter cost, proposed with the point-mass law, one-hot logits, which is exactly how they were
     chosen), the drafter's block (one forward for those requests, `draft_tokens`; `context` may be `None` when none
     of them drafts), or nothing."""
+    if plan.draft_lengths:  # each drafting request's block ends at the length its planner chose
+        room = requests.room.clone()
+        for r, k in plan.draft_lengths.items():
+            room[r] = min(int(room[r]), k)
+        requests = replace(requests, room=room)
     sequences, rows, lengths = requests.sequences, requests.rows, requests.lengths
     n, device, vocab_size = len(rows), sequences.device, drafter.config.vocab_size
     if plan.sources == [Source.DRAFTER] * n:

@@ -6,19 +6,20 @@ costs `1 + verify_round_cost + verify_token_cost * k` steps (on some CPUs any fo
 dearer, whatever `k`: `verify_round_cost`), and a drafter round `draft_round_cost` steps at a short prefix. The
 drafter's round costs the same at any prefix length (its context is fixed-size), while the target's step grows with
 the prefix, by one more step every `step_doubling_length` tokens: at `t` tokens a drafter round costs
-`draft_round_cost / (1 + t / step_doubling_length)` steps. A source expected to yield `E` accepted drafts from `k`
-proposed ones gives `(1 + E) / (1 + cost)` tokens per step; plain decoding, a round that proposes nothing, gives 1.
-The confidence cuts (`drafting.draft_tokens`) apply the same trade to each position of a block: a token is proposed
-while its chance of being accepted repays its share of the verification.
+`draft_round_cost / (1 + t / step_doubling_length)` steps. A calibration (`calibration.py`) measures the verification
+at every row count instead (`forward_costs`): on a CPU whose kernel changes between 3 and 4 rows the cost has a knee
+that no line follows. A source expected to yield `E` accepted drafts from `k` proposed ones gives
+`(1 + E) / (1 + cost)` tokens per step; plain decoding, a round that proposes nothing, gives 1.
 
 `RoundPlanner` keeps, per request and source, the running means of the drafts proposed and accepted per verified
-round and of the rounds that rejected one (`record`), and takes the source worth most (`choose`). A lookup
-continuation's length is the planner's to choose too (`lookup_length`): its tokens are accepted one after another
-while they match, so from the source's continuation rate `a` (accepted / (accepted + rejections), the geometric
-estimate; a round that kept all it proposed says only that each token was kept) `k` tokens yield
-`E(k) = a + a^2 + ... + a^k`, and the `k` worth most is proposed. Under greedy decoding a repeated file keeps `a` near
-1 and the whole continuation is proposed; sampled at T=1 a copied token is kept with its target probability only,
-and a continuation of 1-3 tokens is worth more than one of 10. A longer matched suffix predicts its continuation
+round and of the rounds that rejected one (`record`), and takes the source worth most (`choose`). Both sources' drafts
+are accepted one after another while they match, so from a source's continuation rate `a` (accepted / (accepted +
+rejections), the geometric estimate; a round that kept all it proposed says only that each token was kept) `k`
+tokens yield `E(k) = a + a^2 + ... + a^k`, and the planner chooses the length worth most too: of a lookup
+continuation (`lookup_length`), and the most a drafter block may propose (`draft_length`; its confidence cuts,
+`drafting.draft_tokens`, may end it sooner, from the drafter's own probabilities of this round). Under greedy decoding
+a repeated file keeps `a` near 1 and the whole continuation is proposed; sampled at T=1 a token is kept with its
+target probability only, and 1-3 tokens are worth more than 10. A longer matched suffix predicts its continuation
 better (held-out code, greedy: the first copied token is right in 64% of the rounds with a match of 2 or more
 tokens, 70% with 3 or more; `scripts/lookup_bound.py`), so each matched length keeps its own rate too, mixed with the
 source's pooled one (`match_rate`).
@@ -164,23 +165,30 @@ class RoundCosts:
             return self.verify_cost(proposed)
         return self.forward_cost(batch * (1 + proposed)) / self.forward_cost(batch) - 1.0
 
-    def drafter_value(self, record: SourceRecord, length: int) -> float:
-        """`(1 + E) / (1 + cost)` of a drafter round at a prefix of `length` tokens, from its running means;
-        infinite while it is untried (try it first)."""
-        if record.accepted is None:
-            return float("inf")
-        cost = self.verify_cost(record.proposed) + self.drafter_cost(length)
-        return (1.0 + record.accepted) / (1.0 + cost)
+    def drafter_value(self, rate: float | None, block: int, length: int) -> tuple[float, int]:
+        """`(tokens per step, k)`: the best of letting a drafter round at a prefix of `length` tokens propose at most
+        `k <= block` tokens, at continuation rate `rate` (`proposal_value`, the drafter's round included). Its
+        confidence cuts may end a block sooner; this caps it where more verified rows would cost more than they
+        yield (on a CPU whose kernel changes at 4 rows, a third draft kept 1 time in 4 does not pay)."""
+        return self.proposal_value(rate, block, self.drafter_cost(length))
 
     def lookup_value(self, rate: float | None, available: int, fixed: bool = False) -> tuple[float, int]:
         """`(tokens per step, k)`: the best of proposing the first `k <= available` tokens of a lookup continuation
-        (`fixed`: all of them) at continuation rate `rate` (`expected_accepted`); the longest ties win (with all costs
-        0 longer is never worse). `rate` None (the source is untried): infinite, and the whole continuation."""
+        (`fixed`: all of them) at continuation rate `rate` (`proposal_value`)."""
+        return self.proposal_value(rate, available, 0.0, fixed)
+
+    def proposal_value(
+        self, rate: float | None, available: int, extra: float, fixed: bool = False
+    ) -> tuple[float, int]:
+        """`(tokens per step, k)`: the best of proposing `k <= available` tokens (`fixed`: all of them) that are kept
+        one after another at continuation rate `rate` (`expected_accepted`), for a round that costs `extra` steps
+        besides its verification; the longest ties win (with all costs 0 longer is never worse). `rate` None (the
+        source is untried): infinite, and all `available`."""
         if rate is None:
             return float("inf"), available
         best = (0.0, 0)
         for k in range(available if fixed else 1, available + 1):
-            value = (1.0 + expected_accepted(rate, k)) / (1.0 + self.verify_cost(k))
+            value = (1.0 + expected_accepted(rate, k)) / (1.0 + self.verify_cost(k) + extra)
             if value >= best[0]:
                 best = (value, k)
         return best
@@ -194,15 +202,19 @@ class RoundPlanner:
         costs: the cost model.
         lookup: the request's `SuffixIndex`, or `None` with the lookup source off.
         choose_lookup_length: propose the best prefix of a lookup continuation (`lookup_length`), else all of it.
+        block_size: the most tokens of a drafter block (the drafter's `B`, as `DraftSettings.new_planner` passes it).
     """
 
     costs: RoundCosts
     lookup: SuffixIndex | None = None
     choose_lookup_length: bool = True
+    block_size: int = 7
     records: dict[Source, SourceRecord] = field(default_factory=lambda: {s: SourceRecord() for s in Source})
     # The lookup rounds by the length of their matched suffix, and the matched length of this round's continuation.
     match_records: dict[int, SourceRecord] = field(default_factory=dict)
     lookup_match: int = 0
+    # The most tokens this round's drafter block may propose (`drafter_value`), when the drafter is chosen.
+    draft_length: int = 0
 
     def match_rate(self, matched: int = 0) -> float | None:
         """The continuation rate of lookup rounds after a `matched`-token suffix: the pooled rate of all lookup rounds
@@ -227,15 +239,24 @@ class RoundPlanner:
         """How many of the `available` tokens of a continuation after a `matched`-token suffix to propose."""
         return self.lookup_plan(available, matched)[1]
 
-    def choose(self, continuation: list[int], can_draft: bool, length: int = 0, matched: int = 0) -> Source:
+    def drafter_rate(self) -> float | None:
+        """The drafter's continuation rate (`None` while it is untried)."""
+        record = self.records[Source.DRAFTER]
+        return None if record.accepted is None else record.continuation_rate
+
+    def choose(
+        self, continuation: list[int], can_draft: bool, length: int = 0, matched: int = 0, room: int | None = None
+    ) -> Source:
         """This round's source, among the lookup continuation (when `continuation` is non-empty: the tokens after a
-        `matched`-token suffix, worth its best length, `lookup_length`), the drafter (when `can_draft`) and no
-        proposal, for a request of `length` tokens. Ties go to the first of that order."""
+        `matched`-token suffix, worth its best length, `lookup_length`), the drafter (when `can_draft`: a block of at
+        most `room` tokens, default `block_size`, worth its best length, `draft_length`) and no proposal, for a
+        request of `length` tokens. Ties go to the first of that order."""
         values = {}
         if continuation:
             values[Source.LOOKUP] = self.lookup_plan(len(continuation), matched)[0]
         if can_draft:
-            values[Source.DRAFTER] = self.costs.drafter_value(self.records[Source.DRAFTER], length)
+            block = self.block_size if room is None else min(room, self.block_size)
+            values[Source.DRAFTER], self.draft_length = self.costs.drafter_value(self.drafter_rate(), block, length)
         options = list(values)
         values[Source.NONE] = 1.0
         best = max(values, key=values.get)  # the first of the largest: dicts keep the order above
@@ -253,6 +274,7 @@ class RoundPlanner:
                 probe = source
         chosen = best if probe is None else probe
         self.lookup_match = matched if chosen is Source.LOOKUP else 0
+        self.draft_length = self.draft_length if chosen is Source.DRAFTER else 0
         return chosen
 
     def expected_accepted(self, source: Source, proposed: int) -> float:
@@ -263,8 +285,8 @@ class RoundPlanner:
         if source is Source.LOOKUP:
             rate = self.match_rate(self.lookup_match)
             return float("inf") if rate is None else expected_accepted(rate, proposed)
-        accepted = self.records[Source.DRAFTER].accepted
-        return float("inf") if accepted is None else accepted
+        rate = self.drafter_rate()
+        return float("inf") if rate is None else expected_accepted(rate, proposed)
 
     def record(self, source: Source, proposed: int, accepted: int) -> None:
         """Folds one verified round from `source` (`proposed` tokens, `accepted` of them kept) into its means (and a
@@ -297,15 +319,15 @@ def batch_expected_accepted(planners: list[RoundPlanner], sources: list[Source],
     valued at what the batch's other rows measured of it (their mean continuation rate for lookup, their mean drafts
     kept for the drafter): at batch 1 an untried source is worth trying, but in a batch one row's first try makes
     every row pay for a whole verification. Infinite only while no row has tried it."""
-    rates = [p.match_rate() for p in planners if p.records[Source.LOOKUP].accepted is not None]
-    kept = [p.records[Source.DRAFTER].accepted for p in planners if p.records[Source.DRAFTER].accepted is not None]
+    rates = {
+        Source.LOOKUP: [p.match_rate() for p in planners if p.records[Source.LOOKUP].accepted is not None],
+        Source.DRAFTER: [p.drafter_rate() for p in planners if p.drafter_rate() is not None],
+    }
     expected = []
     for planner, source, k in zip(planners, sources, proposed, strict=True):
         accepted = planner.expected_accepted(source, k)
-        if math.isinf(accepted) and source is Source.LOOKUP and rates:
-            accepted = expected_accepted(sum(rates) / len(rates), k)
-        elif math.isinf(accepted) and source is Source.DRAFTER and kept:
-            accepted = sum(kept) / len(kept)
+        if math.isinf(accepted) and rates.get(source):
+            accepted = expected_accepted(sum(rates[source]) / len(rates[source]), k)
         expected.append(accepted)
     return expected
 
@@ -317,10 +339,12 @@ class RoundPlan:
     Attributes:
         sources: per request, its `Source`.
         continuations: the lookup tokens of each request whose source is `Source.LOOKUP`, by request index.
+        draft_lengths: the most tokens of each drafting request's block, by request index (none: the block size).
     """
 
     sources: list[Source]
     continuations: dict[int, list[int]]
+    draft_lengths: dict[int, int] = field(default_factory=dict)
 
     def rows_from(self, source: Source, device: torch.device | None = None) -> torch.LongTensor:
         """`(n',)` the indices of the requests whose source is `source`."""
