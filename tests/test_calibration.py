@@ -154,7 +154,7 @@ def test_a_nonsense_cached_calibration_is_measured_again(cache_dir, bad, caplog)
     assert "verify_token_cost" in caplog.text and "measuring again" in caplog.text
 
 
-@pytest.mark.parametrize("bad", [0, 2.5, "three"])
+@pytest.mark.parametrize("bad", [0, 2.5, "three", True])
 def test_a_cached_kernel_choice_that_is_not_a_row_count_is_measured_again(cache_dir, bad, caplog):
     target = make_target("llama")
     drafter = make_drafter(target)

@@ -164,7 +164,7 @@ def _read_cached(path: Path) -> Calibration | None:
         data = json.loads(path.read_text(encoding="utf-8"))
         data.pop("version")
         costs = check_costs(RoundCosts(**data.pop("costs")), f"The calibration in {path}")
-        if not isinstance(data["blas_max_rows"], int) or data["blas_max_rows"] < 1:
+        if type(data["blas_max_rows"]) is not int or data["blas_max_rows"] < 1:
             raise ValueError(f"blas_max_rows must be a whole number of rows >= 1, got {data['blas_max_rows']!r}")
         # JSON keys are strings: the row and batch counts back to ints.
         for name in ("forward_ms", "batch_draft_round_ms"):
