@@ -250,7 +250,7 @@ def test_a_bare_weight_is_packed_inside_a_block_only():
         torch.testing.assert_close(packed_linear.linear(x, weight), x @ weight.T, rtol=1e-5, atol=1e-5)
     assert packed_copy(weight) is not None
     del weight
-    assert not any(reference() is None for reference, _, _ in packed_linear._packed.values())  # freed with it
+    assert all(ref() is not None for refs, _, _ in packed_linear._packed.values() for ref in refs)  # freed with it
 
 
 def test_fast_verification_without_packed_weights_keeps_f_linear():
