@@ -181,7 +181,7 @@ MUTATIONS = [
     Mutation("batch 1 tells the planner its proposal, not the drafts transformers kept", "inference/generation.py",
              "[int(num_matches)]", "[int(self.proposal.num_drafted[0])]", PLANNER_RECORDS),
     Mutation("a probed lookup round recorded under matched length 0", "inference/planning.py",
-             "matched if chosen is Source.LOOKUP else 0", "matched if best is Source.LOOKUP else 0", PLANNER_RECORDS),
+             "matched if chosen is Source.LOOKUP else 0", "matched if best is Source.LOOKUP else 0", PLANNING),
     Mutation("the batched loop counts the bonus token as a kept draft", "inference/batched.py",
              "num_accepted.tolist(), self.planners", "(num_accepted + 1).tolist(), self.planners", PLANNER_RECORDS),
     Mutation("the source choice is not told the matched length", "inference/drafting.py",

@@ -47,6 +47,16 @@ def test_a_drafter_that_does_not_pay_is_skipped_and_probed_at_growing_intervals(
     assert set(choices) == {Source.NONE, Source.DRAFTER}
 
 
+def test_a_probed_lookup_round_is_recorded_under_its_matched_length():
+    planner = RoundPlanner(CPU)
+    planner.record(Source.LOOKUP, proposed=3, accepted=0)  # lookup does not pay: plain steps win, then a probe
+    choices = [planner.choose([7, 7, 7], can_draft=False, matched=4) for _ in range(FIRST_PROBE_INTERVAL)]
+    assert choices == [Source.NONE] * (FIRST_PROBE_INTERVAL - 1) + [Source.LOOKUP]
+    assert planner.lookup_match == 4
+    planner.record(Source.LOOKUP, proposed=3, accepted=3)
+    assert set(planner.match_records) == {0, 4} and planner.match_records[4].rounds == 1
+
+
 def test_a_probe_that_pays_brings_the_source_back():
     planner = RoundPlanner(CPU)
     planner.record(Source.DRAFTER, proposed=3, accepted=0)
