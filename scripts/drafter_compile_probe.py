@@ -11,32 +11,22 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 import time
 
 import torch
 import torch._inductor.config as inductor_config
 
-from transformers_longspark.benchmarks.common import machine_info
+from transformers_longspark.benchmarks.common import machine_info, measure
 from transformers_longspark.benchmarks.prompts import short_prompts
+from transformers_longspark.benchmarks.settings import DRAFTER_ALONE
 from transformers_longspark.benchmarks.speed import drafter_settings
 from transformers_longspark.loading import load_drafter, load_target
 from transformers_longspark.modeling_longspark import LongSparkDrafterModel
 from transformers_longspark.packed_linear import packed_drafter_weights
 
-DRAFTER_ALONE = {"lookup_min_match": 0, "calibrate_costs": False, "draft_round_cost": 0.0, "verify_round_cost": 0.0,
-                 "verify_token_cost": 0.0}  # fmt: skip
-
 
 def median_ms(fn, calls: int = 200) -> float:
-    for _ in range(10):
-        fn()
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+    return measure({"call": fn}, repeats=calls, warmup=10)["call"].median_ms()
 
 
 def main() -> None:

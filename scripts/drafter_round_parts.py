@@ -24,14 +24,13 @@ import torch
 
 from transformers_longspark.benchmarks.common import machine_info, time_forward_calls
 from transformers_longspark.benchmarks.prompts import short_prompts
+from transformers_longspark.benchmarks.settings import DRAFTER_ALONE, DRAFTER_METHODS
 from transformers_longspark.benchmarks.speed import drafter_settings
 from transformers_longspark.inference.stats import DraftingStats, tau
 from transformers_longspark.loading import load_drafter, load_target
 from transformers_longspark.packed_linear import drafter_linear_dtype, fast_dtype
 
-DRAFTER_ALONE = {"lookup_min_match": 0, "calibrate_costs": False, "draft_round_cost": 0.0, "verify_round_cost": 0.0,
-                 "verify_token_cost": 0.0}  # fmt: skip
-NO_PROPOSALS = {"lookup_min_match": 0, "use_drafter": False}
+NO_PROPOSALS = DRAFTER_METHODS["longspark_no_proposals"]
 SETTINGS = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8, "qint8": torch.qint8}
 if not torch.ops.mkldnn._is_mkldnn_bf16_supported():  # emulated bf16: not a setting anyone would run
     del SETTINGS["bf16"]
