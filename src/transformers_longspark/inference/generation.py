@@ -81,6 +81,11 @@ class LongSparkCandidateGenerator(CandidateGenerator):
     def stats(self) -> DraftingStats:
         return self.session.stats
 
+    @property
+    def num_drafting_tokens(self) -> int:
+        """The most tokens one round proposes (transformers >= 5.25 sizes a recurrent cache's history with it)."""
+        return self.session.settings.max_proposal_tokens
+
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, num_matches: int):
         """Called by transformers after each verification (the prefill's included) with the drafts accepted."""
         if self.proposal is not None:
