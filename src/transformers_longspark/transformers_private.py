@@ -21,7 +21,7 @@ from transformers import GenerationConfig, PretrainedConfig
 from transformers.generation.utils import GenerationMixin
 
 # [lowest, highest) transformers versions whose private API below LongSpark was written and tested against.
-SUPPORTED_TRANSFORMERS = ("5.24", "6.0")
+SUPPORTED_TRANSFORMERS = ("5.24", "5.26")
 ALLOW_UNTESTED_ENV = "LONGSPARK_ALLOW_UNTESTED_TRANSFORMERS"
 PATCHED_METHODS = ("_get_candidate_generator", "_validate_generation_mode", "_assisted_decoding")
 
