@@ -253,19 +253,6 @@ def test_a_bare_weight_is_packed_inside_a_block_only():
     assert all(ref() is not None for refs, _, _ in packed_linear._packed.values() for ref in refs)  # freed with it
 
 
-def test_fast_verification_without_packed_weights_keeps_f_linear():
-    from transformers_longspark.inference.verification import fast_verification
-
-    model = nn.Sequential(layer())
-    model.config = type("Config", (), {"_attn_implementation": "eager"})()
-    with torch.no_grad(), fast_verification(model, packed_weights=False):
-        assert "forward" not in model[0].__dict__
-        model(torch.randn(2, 24))
-    assert not was_packed(model[0])
-    with torch.no_grad(), fast_verification(model):
-        assert "forward" in model[0].__dict__
-
-
 def test_generate_runs_the_drafters_linear_layers_from_packed_weights_too(monkeypatch):
     """Inside assisted `generate` the drafter's few-row forwards (7 block slots) read packed weights, alone or
     stacked with the layers that read the same input (`fused_linears`), as the target's verification does, all but
@@ -384,20 +371,33 @@ def test_forwards_up_to_blas_max_rows_keep_f_linear():
     assert was_packed(module)
 
 
-def test_measure_blas_max_rows_counts_up_until_the_packed_kernel_is_as_fast(monkeypatch):
-    """The rule, with the kernels' speeds set: BLAS faster below 4 rows, the packed kernel from 4 on -> 3."""
+def test_blas_max_rows_0_runs_one_row_packed():
+    """Where the calibration measured the packed kernel faster at one row, a one-token step's layers run packed (the
+    stock result up to float rounding)."""
+    module = layer()
+    x = torch.randn(1, 24)
+    with torch.no_grad(), packed_linear_weights(module, blas_max_rows=0):
+        torch.testing.assert_close(module(x), torch.nn.functional.linear(x, module.weight, module.bias))
+    assert was_packed(module)
+
+
+@pytest.mark.parametrize("crossover", [4, 1])
+def test_measure_blas_max_rows_counts_up_until_the_packed_kernel_is_as_fast(crossover, monkeypatch):
+    """The rule, with the kernels' speeds set: BLAS faster below `crossover` rows, the packed kernel from there on ->
+    `crossover - 1` (0: one row runs packed too, as on CPUs whose BLAS matrix-vector product is the slower one)."""
     import time
 
     stock_linear, stock_packed = torch.nn.functional.linear, packed_linear._packed_product
 
-    def slow_from_4_rows(x, weight, bias=None):
-        time.sleep(0.002 if x.shape[0] >= 4 else 0.0)
+    def slow_from_crossover(x, weight, bias=None):
+        time.sleep(0.002 if x.shape[0] >= crossover else 0.0)
         return stock_linear(x, weight, bias)
 
-    def slow_below_4_rows(x, weights, bias, dtype):
-        time.sleep(0.002 if x.shape[0] < 4 else 0.0)
+    def slow_below_crossover(x, weights, bias, dtype):
+        time.sleep(0.002 if x.shape[0] < crossover else 0.0)
         return stock_packed(x, weights, bias, dtype)
 
-    monkeypatch.setattr(packed_linear.F, "linear", slow_from_4_rows)
-    monkeypatch.setattr(packed_linear, "_packed_product", slow_below_4_rows)
-    assert packed_linear.measure_blas_max_rows(nn.Sequential(layer(), layer(40, 24)), repeats=2) == 3
+    monkeypatch.setattr(packed_linear.F, "linear", slow_from_crossover)
+    monkeypatch.setattr(packed_linear, "_packed_product", slow_below_crossover)
+    measured = packed_linear.measure_blas_max_rows(nn.Sequential(layer(), layer(40, 24)), repeats=2)
+    assert measured == crossover - 1

@@ -6,13 +6,13 @@ Qwen3-style layers; draft layer `j` attends, with one softmax and bidirectionall
 base logits, and a low-rank Markov correction `W_c(e_c(prev))` adds the dependence on the previous token.
 
 With `config.draft_vocab_size` set, the drafter scores only the tokens of its `draft_vocab` buffer (rows of the
-target's LM head gathered once per `bind_target`); `to_target_vocab` puts such logits back in the target's vocabulary.
+target's LM head gathered once per `bind_target`; the mapping to and from the target's vocabulary is
+`draft_vocabulary.py`'s).
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +27,7 @@ from transformers.utils import ModelOutput
 
 from .configuration_longspark import LongSparkConfig
 from .context_state import DraftContext
+from .draft_vocabulary import DraftVocabularyMixin
 from .packed_linear import fused_linears
 from .targets import TargetModules, target_modules
 
@@ -180,7 +181,7 @@ class LongSparkPreTrainedModel(PreTrainedModel):
             init.zeros_(module.markov_proj.weight)
 
 
-class LongSparkDrafterModel(LongSparkPreTrainedModel):
+class LongSparkDrafterModel(DraftVocabularyMixin, LongSparkPreTrainedModel):
     """The LongSpark drafter. Pass it as `assistant_model` to `target.generate`, once LongSpark is registered with
     transformers (`transformers_longspark.register()`, run by the first use of any name of the package).
 
@@ -260,65 +261,6 @@ class LongSparkDrafterModel(LongSparkPreTrainedModel):
             head.bias = bias if isinstance(bias, nn.Parameter) else nn.Parameter(bias, requires_grad=False)
         self.__dict__["_output_head"] = head
         self._output_head_key, self._output_head_sources = key, sources
-
-    def set_draft_vocab(self, token_ids: torch.LongTensor) -> None:
-        """Sets the `draft_vocab_size` target token ids the drafter proposes (distinct, any order)."""
-        size = self.config.draft_vocab_size
-        if size is None:
-            raise ValueError("This drafter drafts over the full vocabulary; build it with `draft_vocab_size` set.")
-        token_ids = torch.as_tensor(token_ids, dtype=torch.long).flatten()
-        if token_ids.numel() != size or token_ids.unique().numel() != size:
-            raise ValueError(f"A draft vocabulary needs {size} distinct token ids, got {token_ids.numel()} "
-                             f"({token_ids.unique().numel()} distinct).")  # fmt: skip
-        if int(token_ids.min()) < 0 or int(token_ids.max()) >= self.config.vocab_size:
-            raise ValueError(f"Draft vocabulary ids must lie in [0, {self.config.vocab_size}).")
-        self.draft_vocab.copy_(token_ids)
-        if self._target is not None:
-            self._bind_output_head()
-
-    def with_draft_vocab(self, token_ids: torch.LongTensor) -> LongSparkDrafterModel:
-        """A copy of this drafter that proposes only `token_ids`.
-
-        The Markov rows of tokens this drafter already proposes are kept; tokens it could not propose (when it has
-        a draft vocabulary already, e.g. one grown for a new domain) start with zero Markov rows.
-        """
-        token_ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.device).flatten()
-        config = copy.deepcopy(self.config)
-        config.draft_vocab_size = token_ids.numel()
-        model = type(self)(config).to(device=self.device, dtype=self.dtype)
-        model.generation_config = copy.deepcopy(self.generation_config)
-        model.set_draft_vocab(token_ids)
-        state = self.state_dict()
-        columns = self.draft_indices(token_ids)  # -1 where this drafter cannot propose the token
-        old_rows = state["markov_proj.weight"]
-        rows = old_rows.new_zeros(token_ids.numel(), old_rows.shape[1])
-        rows[columns >= 0] = old_rows[columns[columns >= 0]]
-        state["markov_proj.weight"] = rows
-        state["draft_vocab"] = model.draft_vocab
-        model.load_state_dict(state)
-        return model
-
-    def to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        """`(..., output_vocab_size)` drafter logits -> `(..., vocab_size)`, `-inf` for tokens it cannot propose."""
-        if self.config.draft_vocab_size is None:
-            return logits
-        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
-        return full.index_copy_(-1, self.draft_vocab.to(logits.device), logits)
-
-    def to_target_ids(self, columns: torch.LongTensor) -> torch.LongTensor:
-        """Target token id of each column of the drafter's logits (the inverse of `draft_indices`)."""
-        if self.config.draft_vocab_size is None:
-            return columns
-        return self.draft_vocab.to(columns.device)[columns]
-
-    def draft_indices(self, token_ids: torch.LongTensor) -> torch.LongTensor:
-        """Column of each target token id in the drafter's logits, `-1` for tokens outside its draft vocabulary."""
-        if self.config.draft_vocab_size is None:
-            return token_ids
-        index = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=token_ids.device)
-        columns = torch.arange(self.config.draft_vocab_size, device=token_ids.device)
-        index[self.draft_vocab.to(token_ids.device)] = columns
-        return index[token_ids]
 
     @property
     def target(self) -> TargetModules:

@@ -6,11 +6,13 @@ memory-bound machine a 2-token forward's linear layers cost about twice a one-to
 2-vCPU AMD EPYC: all linear layers of one forward take 40 ms for 1 row, 70-90 ms for 2-8 rows). oneDNN's kernels
 over weights reordered once (`torch.ops.mkldnn._reorder_linear_weight`) read each weight once per call: 36 ms for
 1 row, 37-52 ms for 2-8 rows, and still ahead of sgemm at 64 rows. Past `MAX_PACKED_ROWS` rows (a prefill)
-sgemm's packing is amortised and the stock path is as fast, so it runs unchanged; so does one row (a one-token
-step), where `F.linear` is a matrix-vector product that repacks nothing and oneDNN's per-call setup would cost more.
-Which kernel wins at a few rows is the CPU's: on a 2-vCPU Intel Xeon with AVX-512, MKL's sgemm runs the same layers
-in 20-21 ms at 2-3 rows against oneDNN's 26.5, and loses from 4 rows on (32 against 26.5). So a block may name the
-most rows that keep `F.linear` (`blas_max_rows`), as `measure_blas_max_rows` measures it on the model at hand.
+sgemm's packing is amortised and the stock path is as fast, so it runs unchanged. Which kernel wins at one row and
+a few is the CPU's: on that AMD VM one row (a one-token step) is `F.linear`'s, a matrix-vector product that repacks
+nothing; on a 2-vCPU Intel Xeon with AVX-512, MKL's sgemm runs the same layers in 20-21 ms at 2-3 rows against
+oneDNN's 26.5, and loses from 4 rows on (32 against 26.5); on a 2-vCPU AMD EPYC of the Zen 5 generation (AVX-512),
+oneDNN runs them in 13 ms at one row against 33 ms for `F.linear`'s matrix-vector product. So a block names the most
+rows that keep `F.linear` (`blas_max_rows`: 1 unless measured, 0 where even one row runs packed), as
+`measure_blas_max_rows` measures it on the model at hand.
 
 `packed_linear_weights(*models)` routes the `nn.Linear` layers of `models` through packed weights for this thread,
 for the duration of the block (`fast_verification` opens it for the target); `linear` is the same for a bare weight
@@ -176,8 +178,9 @@ def linear(
     product runs in `dtype` from a packed copy in that dtype, and the result is cast back to the input's dtype; with
     `torch.int8`, from int8 weights with a scale per output row, on bf16 inputs; with `torch.qint8`, from the same
     rows with fp32 inputs quantized on the fly (fbgemm)."""
-    if _thread.depth:  # outside a block (training, other threads) F.linear at once
-        out = _packed_product(input, (weight,), bias, dtype or weight.dtype)
+    compute = dtype or weight.dtype
+    if _thread.depth and not _one_row_in_its_dtype(input, compute):  # outside a block (training, other threads)
+        out = _packed_product(input, (weight,), bias, compute)
         if out is not None:
             return out
     return F.linear(input, weight, bias)
@@ -192,8 +195,11 @@ def fused_linears(input: torch.Tensor, layers: tuple[nn.Linear, ...]) -> tuple[t
     dtypes = {None if r is None else r[1] or layers[0].weight.dtype for r in routed}
     biases = [layer.bias for layer in layers if layer.bias is not None]
     if _thread.depth and None not in dtypes and len(dtypes) == 1 and len(biases) in (0, len(layers)):
+        compute = dtypes.pop()
+        if _one_row_in_its_dtype(input, compute, max(r[2] for r in routed)):
+            return tuple(layer(input) for layer in layers)
         bias = torch.cat(biases) if biases else None
-        out = _packed_product(input, tuple(layer.weight for layer in layers), bias, dtypes.pop())
+        out = _packed_product(input, tuple(layer.weight for layer in layers), bias, compute)
         if out is not None:
             return out.split([layer.out_features for layer in layers], dim=-1)
     return tuple(layer(input) for layer in layers)
@@ -202,12 +208,11 @@ def fused_linears(input: torch.Tensor, layers: tuple[nn.Linear, ...]) -> tuple[t
 def _packed_product(
     input: torch.Tensor, weights: _Weights, bias: torch.Tensor | None, compute: torch.dtype
 ) -> torch.Tensor | None:
-    """`input` times `weights` stacked, from their packed copy in `compute`, or `None` where none serves (e.g. one row
-    in its own dtype: `_one_row_in_its_dtype`)."""
+    """`input` times `weights` stacked, from their packed copy in `compute`, or `None` where none serves. Which row
+    counts keep `F.linear` in their own dtype (`_one_row_in_its_dtype`) is the callers' rule."""
     num_rows = input.numel() // input.shape[-1] if input.dim() >= 2 else 0
     if not (
         0 < num_rows <= MAX_PACKED_ROWS
-        and not _one_row_in_its_dtype(input, compute)
         and all(input.dtype == w.dtype and _packable(w) for w in weights)
         and compute in _COMPUTE_DTYPES
         and not (torch.is_grad_enabled() and (input.requires_grad or any(w.requires_grad for w in weights)))
@@ -234,10 +239,11 @@ def _packed_product(
 
 
 def _one_row_in_its_dtype(input: torch.Tensor, compute: torch.dtype | None, blas_max_rows: int = 1) -> bool:
-    """Whether a product keeps `F.linear`, as one row computed in its own dtype: BLAS's matrix-vector product reads
-    each weight once without repacking, and oneDNN's per-call setup (~30 us a product) would only add to it
-    (SmolLM2-135M, fp32, a one-token step on a 2-vCPU AMD EPYC: 65 ms with `F.linear`, 78 ms packed at one thread,
-    equal at two). A lower-precision `compute` still packs one row: it reads a fraction of the bytes."""
+    """Whether a product keeps `F.linear`: at most `blas_max_rows` rows computed in their own dtype. By default one
+    row: BLAS's matrix-vector product reads each weight once without repacking, and where it is fast oneDNN's per-call
+    setup (~30 us a product) only adds to it (SmolLM2-135M, fp32, a one-token step on a 2-vCPU AMD EPYC with AVX2:
+    65 ms with `F.linear`, 78 ms packed at one thread, equal at two); where it is slow the calibration measures 0. A
+    lower-precision `compute` always packs: it reads a fraction of the bytes."""
     return compute in (None, input.dtype) and input.numel() <= blas_max_rows * input.shape[-1]
 
 
@@ -246,9 +252,11 @@ def _routed_forward(layer: nn.Linear, input: torch.Tensor) -> torch.Tensor:
     its own dtype (or up to the block's `blas_max_rows`) goes to `F.linear` at once (a one-token step calls
     ~200 layers, and each call on the way costs ~1.5 us)."""
     _, compute, blas_max_rows = _routed[id(layer)]
-    if _one_row_in_its_dtype(input, compute, blas_max_rows):
-        return F.linear(input, layer.weight, layer.bias)
-    return linear(input, layer.weight, layer.bias, compute)
+    if _thread.depth and not _one_row_in_its_dtype(input, compute, blas_max_rows):
+        out = _packed_product(input, (layer.weight,), layer.bias, compute or layer.weight.dtype)
+        if out is not None:
+            return out
+    return F.linear(input, layer.weight, layer.bias)
 
 
 def _packable_layers(models: tuple[nn.Module, ...]) -> list[nn.Linear]:
@@ -292,9 +300,10 @@ def packed_linear_weights(
 @torch.no_grad()
 def measure_blas_max_rows(model: nn.Module, repeats: int = 3, max_rows: int = 16) -> int:
     """The most rows up to which `F.linear` runs `model`'s packable linear layers (in their own dtype) faster than
-    their packed copies on this machine, counting up from 2 rows until the packed kernel is as fast: 1 where it is at
-    2 rows already (or cannot pack them). Times one pass over all the layers per kernel and row count, interleaved, the
-    fastest of `repeats` (other processes only ever add time); the packed copies made on the way are kept."""
+    their packed copies on this machine, counting up from one row until the packed kernel is as fast: 0 where it is
+    at one row already (a one-token step then runs packed too), 1 where it cannot pack them. Times one pass over all
+    the layers per kernel and row count, interleaved, the fastest of `repeats` (other processes only ever add time);
+    the packed copies made on the way are kept."""
     layers = _packable_layers((model,))
     generator = torch.Generator().manual_seed(0)
     dtype = layers[0].weight.dtype if layers else torch.float32
@@ -312,11 +321,11 @@ def measure_blas_max_rows(model: nn.Module, repeats: int = 3, max_rows: int = 16
     def packed(x, layer):
         return _packed_product(x, (layer.weight,), layer.bias, layer.weight.dtype)
 
-    first = {w: torch.randn(2, w, generator=generator).to(dtype) for w in widths}
+    first = {w: torch.randn(1, w, generator=generator).to(dtype) for w in widths}
     if not layers or any(packed(first[layer.in_features], layer) is None for layer in layers):
         return 1
-    most = 1
-    for rows in range(2, max_rows + 1):
+    most = 0
+    for rows in range(1, max_rows + 1):
         inputs = {w: torch.randn(rows, w, generator=generator).to(dtype) for w in widths}
         times = [(seconds(blas, inputs), seconds(packed, inputs)) for _ in range(repeats)]
         if min(t[0] for t in times) >= min(t[1] for t in times):

@@ -92,6 +92,9 @@ class _Runner:
     pad_token_id: int | None
     settings: SpeedSettings
     static_cache_len: int | None  # None: each static cache sized for its own call
+    # The fast path's row count up to which linear layers keep `F.linear`, as this machine's calibration measured it
+    # for LongSpark: the plain methods on the fast path run with the same kernels.
+    blas_max_rows: int = 1
 
     @contextlib.contextmanager
     def decoding(self, method: str, mode: str, max_new_tokens: int, prompt_length: int) -> Iterator[dict[str, Any]]:
@@ -118,9 +121,8 @@ class _Runner:
             # round's candidates and bonus token too).
             cache = kwargs["cache"] = DynamicCache(config=target.config)
             candidates = kwargs.get("prompt_lookup_num_tokens", 0)
-            path = fast_verification(
-                target, cache, prompt_length + max_new_tokens + (candidates + 1 if candidates else 0)
-            )
+            rows = prompt_length + max_new_tokens + (candidates + 1 if candidates else 0)
+            path = fast_verification(target, cache, rows, blas_max_rows=self.blas_max_rows)
         with path:
             yield kwargs
 
@@ -218,7 +220,9 @@ def run_speed_benchmark(
     longest = max(len(p["input_ids"]) for items in workloads.values() for p in items)
     static_cache_len = longest + max_new_tokens if device.type in AUTO_COMPILE_DEVICES else None
     methods_settings = {**DRAFTER_METHODS, **variants}
-    runner = _Runner(target, device, drafters, methods_settings, pad_token_id, settings, static_cache_len)
+    calibration = calibration_for_generate(target, drafter)
+    blas_rows = 1 if calibration is None else calibration.blas_max_rows
+    runner = _Runner(target, device, drafters, methods_settings, pad_token_id, settings, static_cache_len, blas_rows)
 
     num_runs = sum(len(items) * len(per_mode[mode]) for items in workloads.values() for mode in modes)
     num_warmups = sum(len(per_mode[mode]) for mode in modes) if settings.warmup else 0

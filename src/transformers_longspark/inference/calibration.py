@@ -55,7 +55,7 @@ from .verification import fast_verification
 
 logger = logging.getLogger("transformers_longspark")
 
-CALIBRATION_VERSION = 4
+CALIBRATION_VERSION = 5
 SHORT_PREFIX = 128
 LONG_PREFIX = 1024
 VERIFY_TOKENS = (1, 2, 3, 4, 5, 7, 10)
@@ -164,8 +164,8 @@ def _read_cached(path: Path) -> Calibration | None:
         data = json.loads(path.read_text(encoding="utf-8"))
         data.pop("version")
         costs = check_costs(RoundCosts(**data.pop("costs")), f"The calibration in {path}")
-        if type(data["blas_max_rows"]) is not int or data["blas_max_rows"] < 1:
-            raise ValueError(f"blas_max_rows must be a whole number of rows >= 1, got {data['blas_max_rows']!r}")
+        if type(data["blas_max_rows"]) is not int or data["blas_max_rows"] < 0:
+            raise ValueError(f"blas_max_rows must be a whole number of rows >= 0, got {data['blas_max_rows']!r}")
         # JSON keys are strings: the row and batch counts back to ints.
         for name in ("forward_ms", "batch_draft_round_ms"):
             data[name] = {int(rows): ms for rows, ms in data[name].items()}
