@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from transformers_longspark.inference import planning
 from transformers_longspark.inference.planning import (
     FIRST_PROBE_INTERVAL,
     MAX_PROBE_INTERVAL,
@@ -16,6 +17,12 @@ from transformers_longspark.inference.planning import (
 CPU = RoundCosts(draft_round_cost=0.4, verify_token_cost=0.15)
 
 
+@pytest.fixture
+def first_round_sets_the_rate(monkeypatch):
+    """No prior: a source's first verified round sets its means, so a test sets a rate with one `record`."""
+    monkeypatch.setattr(planning, "PRIOR_ROUNDS", 0)
+
+
 def test_untried_sources_are_tried_first():
     planner = RoundPlanner(CPU)
     assert planner.choose([1, 2, 3], can_draft=True) is Source.LOOKUP
@@ -24,7 +31,7 @@ def test_untried_sources_are_tried_first():
     assert planner.choose([], can_draft=False) is Source.NONE  # nothing to propose
 
 
-def test_the_source_worth_more_tokens_per_step_wins():
+def test_the_source_worth_more_tokens_per_step_wins(first_round_sets_the_rate):
     planner = RoundPlanner(CPU)
     planner.record(Source.LOOKUP, proposed=10, accepted=4)  # rate 0.8: 5 of 10 tokens, (1 + 2.69) / (1 + 0.75) = 2.1
     planner.record(Source.DRAFTER, proposed=3, accepted=2)  # rate 2/3: 4 of 7, (1 + 1.6) / (1 + 0.6 + 0.4) = 1.3
@@ -47,7 +54,7 @@ def test_a_drafter_that_does_not_pay_is_skipped_and_probed_at_growing_intervals(
     assert set(choices) == {Source.NONE, Source.DRAFTER}
 
 
-def test_a_probed_lookup_round_is_recorded_under_its_matched_length():
+def test_a_probed_lookup_round_is_recorded_under_its_matched_length(first_round_sets_the_rate):
     planner = RoundPlanner(CPU)
     planner.record(Source.LOOKUP, proposed=3, accepted=0)  # lookup does not pay: plain steps win, then a probe
     choices = [planner.choose([7, 7, 7], can_draft=False, matched=4) for _ in range(FIRST_PROBE_INTERVAL)]
@@ -102,7 +109,7 @@ def test_the_drafter_pays_at_long_prefixes_where_the_target_step_is_dearer():
     assert choices == {100: Source.NONE, 8192: Source.DRAFTER}
 
 
-def test_a_fixed_verification_overhead_favours_long_proposals():
+def test_a_fixed_verification_overhead_favours_long_proposals(first_round_sets_the_rate):
     """Where any forward of several tokens costs a fixed share more than a one-token step (`verify_round_cost`), a
     short lookup continuation that accepts little does not pay, and a long one that accepts much does."""
     costs = RoundCosts(verify_round_cost=0.45, verify_token_cost=0.08)
@@ -116,14 +123,29 @@ def test_a_fixed_verification_overhead_favours_long_proposals():
 
 def test_the_continuation_rate_is_the_geometric_estimate():
     """Each lookup token is kept while the ones before it were: a round that accepts 3 of 10 kept 3 and rejected one
-    (rate 3/4); a round that kept everything it proposed rejected none."""
+    (rate 3/4 alone); a round that kept everything it proposed rejected none. The running means start from the prior
+    (1 accepted, 1 rejection: rate 1/2) that the first round is folded into."""
     record = SourceRecord()
     assert record.continuation_rate == 0.0  # never verified
-    record.update(proposed=10, accepted=3)
-    assert record.continuation_rate == pytest.approx(3 / 4)
-    record.update(proposed=2, accepted=2)  # running means: accepted 3 + 0.25 * (2 - 3), rejected 1 - 0.25
-    assert record.rejected == pytest.approx(0.75) and record.continuation_rate == pytest.approx(2.75 / 3.5)
+    record.update(proposed=10, accepted=3)  # accepted 1 + 0.25 * (3 - 1), rejected 1 + 0.25 * (1 - 1)
+    assert record.accepted == pytest.approx(1.5) and record.continuation_rate == pytest.approx(1.5 / 2.5)
+    record.update(proposed=2, accepted=2)  # accepted 1.5 + 0.25 * (2 - 1.5), rejected 1 - 0.25
+    assert record.rejected == pytest.approx(0.75) and record.continuation_rate == pytest.approx(1.625 / 2.375)
     assert expected_accepted(0.5, 3) == pytest.approx(0.5 + 0.25 + 0.125) and expected_accepted(1.0, 4) == 4
+
+
+def test_one_rejected_first_block_does_not_price_the_drafter_out():
+    """A drafter's first block after the prefill rejected whole (rate 0 on its own) leaves the prior's rate near 1/2,
+    where drafting still pays at these costs: the next round drafts again instead of waiting for a probe."""
+    costs = RoundCosts(draft_round_cost=0.2, forward_costs=((2, 1.13), (4, 1.12), (8, 1.28)))
+    planner = RoundPlanner(costs)
+    assert planner.choose([], can_draft=True) is Source.DRAFTER  # untried
+    planner.record(Source.DRAFTER, proposed=7, accepted=0)
+    assert planner.drafter_rate() == pytest.approx(0.75 / 1.75)
+    assert planner.choose([], can_draft=True) is Source.DRAFTER
+    for _ in range(4):  # a drafter that keeps failing is priced out at the running mean's pace
+        planner.record(Source.DRAFTER, proposed=7, accepted=0)
+    assert planner.choose([], can_draft=True) is Source.NONE
 
 
 def brute_force_best_length(costs: RoundCosts, rate: float, available: int) -> int:
@@ -145,7 +167,7 @@ def test_the_lookup_length_is_the_one_worth_most(accepted, proposed):
     assert value == pytest.approx((1 + expected_accepted(rate, length)) / (1 + costs.verify_cost(length)))
 
 
-def test_lookup_lengths_follow_the_rate():
+def test_lookup_lengths_follow_the_rate(first_round_sets_the_rate):
     costs = RoundCosts(verify_round_cost=0.05, verify_token_cost=0.09)
     lengths = {}
     for accepted in (1, 3, 10):  # rates 1/2, 3/4 and 1
@@ -170,7 +192,7 @@ def test_a_short_prefix_of_a_poor_continuation_can_beat_plain_decoding():
     assert planner.choose([3] * 10, can_draft=False) is Source.LOOKUP and planner.lookup_length(10) == 2
 
 
-def test_a_round_proposes_the_prefix_its_planner_chose():
+def test_a_round_proposes_the_prefix_its_planner_chose(first_round_sets_the_rate):
     """`plan_round` hands on the prefix of the lookup continuation that `RoundPlanner.lookup_length` chose: two
     requests over the same repeating tokens, one whose past lookup rounds kept half their tokens (rate 1/2: two tokens
     are worth most), one whose rounds kept all (the whole continuation), and one with the choice off."""
@@ -190,7 +212,7 @@ def test_a_round_proposes_the_prefix_its_planner_chose():
     assert plan.continuations == {0: [1, 2], 1: [1, 2, 3, 4, 5, 6, 1, 2], 2: [1, 2, 3, 4, 5, 6, 1, 2]}
 
 
-def test_each_matched_length_keeps_its_own_rate_mixed_with_the_pooled_one():
+def test_each_matched_length_keeps_its_own_rate_mixed_with_the_pooled_one(first_round_sets_the_rate):
     """Lookup rounds after 2-token matches that keep nothing and after 6-token matches that keep all: each length's
     rate moves towards its own rounds (at most 4 of them count, against 2 for the pooled rate), and a length without
     rounds of its own takes the pooled rate."""

@@ -44,6 +44,11 @@ from .lookup import SuffixIndex
 
 # The weight of the newest round in a source's running means (`RoundPlanner.record`).
 RUNNING_MEAN_WEIGHT = 0.25
+# A source's running means start from a prior, one accepted draft and one rejection a round (a continuation rate of
+# 1/2), worth this many rounds: its first verified round is folded into the prior, not put in its place, so that one
+# unlucky first round (a drafter's first block after the prefill is often rejected whole) does not price the source
+# out of the rounds after it (0: the first round's means replace the prior).
+PRIOR_ROUNDS = 3
 # A matched length's own continuation rate counts as many rounds as it has seen, up to the running mean's memory (4),
 # against this many for the pooled rate of all lookup rounds (`RoundPlanner.match_rate`).
 POOLED_RATE_ROUNDS = 2
@@ -92,12 +97,13 @@ class SourceRecord:
 
     def update(self, proposed: int, accepted: int) -> None:
         rejected, self.rounds = float(accepted < proposed), self.rounds + 1
+        weight = RUNNING_MEAN_WEIGHT
         if self.accepted is None:
-            self.accepted, self.proposed, self.rejected = float(accepted), float(proposed), rejected
-            return
-        self.accepted += RUNNING_MEAN_WEIGHT * (accepted - self.accepted)
-        self.proposed += RUNNING_MEAN_WEIGHT * (proposed - self.proposed)
-        self.rejected += RUNNING_MEAN_WEIGHT * (rejected - self.rejected)
+            self.accepted, self.proposed, self.rejected = 1.0, float(proposed), 1.0
+            weight = 1.0 / (1 + PRIOR_ROUNDS)
+        self.accepted += weight * (accepted - self.accepted)
+        self.proposed += weight * (proposed - self.proposed)
+        self.rejected += weight * (rejected - self.rejected)
 
     @property
     def continuation_rate(self) -> float:
