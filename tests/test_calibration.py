@@ -43,8 +43,7 @@ def write_calibration(target, drafter, costs: dict, blas_max_rows=1) -> None:
     key = calibration_key(target, drafter)
     path = calibration_path(key)
     path.parent.mkdir(parents=True, exist_ok=True)
-    times = {"step_ms": 30.0, "long_step_ms": 31.0, "draft_round_ms": 9.0, "forward_ms": {}, "batch_draft_round_ms": {},
-             "long_forward_ms": {}}  # fmt: skip
+    times = {"step_ms": 30.0, "long_step_ms": 31.0, "draft_round_ms": 9.0, "forward_ms": {}, "batch_draft_round_ms": {}}
     record = {"version": key["version"], "costs": costs, "blas_max_rows": blas_max_rows, **times, "key": key}
     path.write_text(json.dumps(record))
 
@@ -82,11 +81,6 @@ def test_calibration_measures_finite_costs_without_touching_the_global_rng():
     assert sorted(result.forward_ms) == [2, 3, 4, 5, 6, 8, 11, 16, 32, 64]
     assert [n for n, _ in result.costs.forward_costs] == sorted(result.forward_ms)
     assert [n for n, _ in result.costs.draft_batch_costs] == sorted(result.batch_draft_round_ms) == [8]
-    # The verification's rows at the long prefix too (the tiny target's 1024 positions cap it at 960 tokens).
-    assert (
-        [n for n, _ in result.costs.long_forward_costs] == sorted(result.long_forward_ms) == [1, 2, 3, 4, 5, 6, 8, 11]
-    )
-    assert result.costs.forward_lengths == (128, 960) and result.long_step_ms == result.long_forward_ms[1]
     assert check_costs(result.costs, "the test") is result.costs
     assert result.key == calibration_key(target, drafter)
 

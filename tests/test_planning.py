@@ -148,23 +148,6 @@ def test_one_rejected_first_block_does_not_price_the_drafter_out():
     assert planner.choose([], can_draft=True) is Source.NONE
 
 
-def test_a_verification_is_priced_at_the_requests_prefix():
-    """With forwards measured at two prefixes, a k-token forward's milliseconds are read linearly in the prefix, over
-    the one-token step's there: at the short prefix the short costs, at the long one the long ones, in between and
-    beyond the line; rows past the long measurements keep the short costs."""
-    costs = RoundCosts(forward_costs=((2, 1.1), (16, 1.5)), long_forward_costs=((1, 2.0), (2, 2.6)),
-                       forward_lengths=(128, 2048))  # fmt: skip
-    assert costs.verify_cost(1) == costs.verify_cost(1, 128) == pytest.approx(0.1)
-    assert costs.verify_cost(1, 2048) == pytest.approx(2.6 / 2.0 - 1)
-    assert costs.verify_cost(1, 1088) == pytest.approx((1.1 + 0.5 * 1.5) / 1.5 - 1)  # halfway: ms and step alike
-    assert costs.verify_cost(1, 3968) == pytest.approx((1.1 + 2 * 1.5) / 3.0 - 1)  # beyond: the same lines
-    assert costs.forward_cost(16, 4096) == pytest.approx(1.5)
-    # A lookup continuation proposes fewer tokens where its verification is dearer.
-    dear = RoundCosts(forward_costs=((2, 1.05), (4, 1.1), (8, 1.2)), long_forward_costs=((1, 2.0), (2, 2.2), (4, 2.8),
-                      (8, 4.0)), forward_lengths=(128, 2048))  # fmt: skip
-    assert dear.lookup_value(0.6, 7, length=4096)[1] < dear.lookup_value(0.6, 7, length=128)[1]
-
-
 def brute_force_best_length(costs: RoundCosts, rate: float, available: int) -> int:
     values = [(1 + sum(rate**i for i in range(1, k + 1))) / (1 + costs.verify_cost(k)) for k in range(available + 1)]
     return max(range(1, available + 1), key=lambda k: (values[k], k))

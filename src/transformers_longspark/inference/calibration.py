@@ -25,9 +25,7 @@ processes only ever add time):
 - a drafter round over `DRAFT_BATCH` requests of a batched cache -> `draft_batch_costs`, so that a batch prices its
   drafter round as measured (its context reads and drafter forward grow with the rows, not as the target step does);
 - a one-token forward at `LONG_PREFIX` -> `step_doubling_length`, the prefix over which the step's cost grows by one
-  step (0 where it does not grow measurably), and the forwards of `1 + k` tokens there -> `long_forward_costs` (in
-  steps at the short prefix), so that a verification is priced at the request's prefix: each of its queries reads
-  every cached row, and a k-token forward's share of attention grows with the prefix.
+  step (0 where it does not grow measurably).
 """
 
 from __future__ import annotations
@@ -57,9 +55,9 @@ from .verification import fast_verification
 
 logger = logging.getLogger("transformers_longspark")
 
-CALIBRATION_VERSION = 6
+CALIBRATION_VERSION = 5
 SHORT_PREFIX = 128
-LONG_PREFIX = 2048
+LONG_PREFIX = 1024
 VERIFY_TOKENS = (1, 2, 3, 4, 5, 7, 10)
 BATCH_ROWS = (16, 32, 64)
 DRAFT_BATCH = 8
@@ -83,7 +81,6 @@ class Calibration:
     draft_round_ms: float
     forward_ms: dict[int, float]
     batch_draft_round_ms: dict[int, float]
-    long_forward_ms: dict[int, float]
     key: dict[str, Any]
 
     def to_json(self) -> dict[str, Any]:
@@ -170,7 +167,7 @@ def _read_cached(path: Path) -> Calibration | None:
         if type(data["blas_max_rows"]) is not int or data["blas_max_rows"] < 0:
             raise ValueError(f"blas_max_rows must be a whole number of rows >= 0, got {data['blas_max_rows']!r}")
         # JSON keys are strings: the row and batch counts back to ints.
-        for name in ("forward_ms", "batch_draft_round_ms", "long_forward_ms"):
+        for name in ("forward_ms", "batch_draft_round_ms"):
             data[name] = {int(rows): ms for rows, ms in data[name].items()}
         return Calibration(costs=costs, **data)
     except (ValueError, KeyError, TypeError) as error:
@@ -211,15 +208,12 @@ def calibrate(target: PreTrainedModel, drafter: LongSparkDrafterModel, repeats: 
                     block = torch.randint(vocab, (1, n), generator=generator).to(device)
                     forwards[n].append(_timed(device, target, block, cache=cache, use_cache=True))
                     cache.crop(-n)
-        long_rows = (1, *(1 + k for k in VERIFY_TOKENS))
-        long_forwards = _long_forwards(fast_path, target, vocab, long_prefix, long_rows, repeats, generator)
+        long_steps = _long_steps(fast_path, target, vocab, long_prefix, repeats, generator)
         batch_rounds = _batch_drafter_rounds(session, fast_path, target, vocab, DRAFT_BATCH, repeats, generator)
     finally:
         session.close()
-    step, draft_round = min(steps[1:]), min(rounds[1:])
+    step, long_step, draft_round = min(steps[1:]), min(long_steps[1:]), min(rounds[1:])
     forward_ms = {n: min(times[1:]) * 1e3 for n, times in forwards.items()}
-    long_forward_ms = {n: min(times[1:]) * 1e3 for n, times in long_forwards.items()}
-    long_step = long_forward_ms[1] / 1e3
     batch_draft_round_ms = {DRAFT_BATCH: min(batch_rounds[1:]) * 1e3}
     round_cost, token_cost = _line([(k, forward_ms[1 + k] / (step * 1e3) - 1.0) for k in VERIFY_TOKENS])
     growth = long_step / step - 1.0
@@ -231,8 +225,6 @@ def calibrate(target: PreTrainedModel, drafter: LongSparkDrafterModel, repeats: 
         step_doubling_length=int(doubling),
         forward_costs=tuple((n, ms / (step * 1e3)) for n, ms in forward_ms.items()),
         draft_batch_costs=tuple((n, ms / (step * 1e3)) for n, ms in batch_draft_round_ms.items()),
-        long_forward_costs=tuple((n, ms / (step * 1e3)) for n, ms in long_forward_ms.items()),
-        forward_lengths=(SHORT_PREFIX, long_prefix),
     )
     check_costs(costs, "The measured calibration")
     return Calibration(
@@ -243,7 +235,6 @@ def calibrate(target: PreTrainedModel, drafter: LongSparkDrafterModel, repeats: 
         draft_round_ms=draft_round * 1e3,
         forward_ms=forward_ms,
         batch_draft_round_ms=batch_draft_round_ms,
-        long_forward_ms=long_forward_ms,
         key=calibration_key(target, drafter),
     )
 
@@ -284,23 +275,19 @@ def _batch_drafter_rounds(
     return times
 
 
-def _long_forwards(
-    fast_path, target, vocab: int, length: int, rows: tuple[int, ...], repeats: int, generator: torch.Generator
-) -> dict[int, list[float]]:
-    """Seconds of forwards of each of `rows` tokens at a prefix of `length` tokens (prefilled in chunks) on the fast
-    path, interleaved, `repeats + 1` of each."""
+def _long_steps(fast_path, target, vocab: int, length: int, repeats: int, generator: torch.Generator) -> list[float]:
+    """One-token forwards at a prefix of `length` tokens (prefilled in chunks) on the fast path."""
     device = target.device
     cache = DynamicCache(config=target.config)
-    times: dict[int, list[float]] = {n: [] for n in rows}
-    with fast_path(cache, length + max(rows) + 1):
+    with fast_path(cache, length + 2):
         for start in range(0, length, 1024):
             chunk = torch.randint(vocab, (1, min(1024, length - start)), generator=generator).to(device)
             target(chunk, cache=cache, use_cache=True, logits_to_keep=1)
+        token = torch.randint(vocab, (1, 1), generator=generator).to(device)
+        times = []
         for _ in range(repeats + 1):
-            for n in rows:
-                block = torch.randint(vocab, (1, n), generator=generator).to(device)
-                times[n].append(_timed(device, target, block, cache=cache, use_cache=True))
-                cache.crop(-n)
+            times.append(_timed(device, target, token, cache=cache, use_cache=True, logits_to_keep=1))
+            cache.crop(-1)
     return times
 
 

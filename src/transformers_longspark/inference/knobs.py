@@ -84,22 +84,18 @@ def check_costs(costs: RoundCosts, source: str) -> RoundCosts:
         valid = isinstance(value, int) if name == "step_doubling_length" else _is_number(value)
         if not valid or not math.isfinite(value) or value < 0:
             raise ValueError(f"{source}: {name} must be a finite number >= 0, got {value!r}.")
-    for name, smallest in (("forward_costs", 2), ("draft_batch_costs", 2), ("long_forward_costs", 1)):
+    for name in ("forward_costs", "draft_batch_costs"):
         points = getattr(costs, name)
         sizes = [n for n, _ in points]
         if (
-            any(n < smallest for n in sizes)
+            any(n < 2 for n in sizes)
             or sizes != sorted(set(sizes))
             or not all(math.isfinite(c) and c >= 0 for _, c in points)
         ):
             raise ValueError(
-                f"{source}: {name} must be (size, cost) pairs with increasing sizes >= {smallest} and finite costs "
-                f">= 0, got {points!r}."
+                f"{source}: {name} must be (size, cost) pairs with increasing sizes >= 2 and finite costs >= 0, got "
+                f"{points!r}."
             )
-    short, long = costs.forward_lengths
-    if costs.long_forward_costs and not 0 <= short < long:
-        raise ValueError(f"{source}: forward_lengths must be (short, long) prefixes with 0 <= short < long, got "
-                         f"{costs.forward_lengths!r}.")  # fmt: skip
     return costs
 
 
