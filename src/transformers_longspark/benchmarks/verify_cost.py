@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel
 
 from ..inference.verification import fast_verification, reserve_cache_rows
+from ..packed_linear import measure_blas_max_rows
 from ..transformers_private import attention_implementation
 from .common import machine_info, measure, prefill, timed_call
 from .settings import VerifyCostSettings
@@ -37,8 +38,11 @@ def reserved_copy(cache: DynamicCache, config, num_rows: int) -> DynamicCache:
     return reserved
 
 
-def _time_forwards(target, caches, ids, length: int, counts, repeats: int, warmup: int, device, progress=None):
-    """`{path: [median ms per k]}` of the forwards of `ids[:, length : length + k]` on each path's cache."""
+def _time_forwards(
+    target, caches, ids, length: int, counts, repeats: int, warmup: int, device, progress=None, blas_max_rows: int = 1
+):
+    """`{path: [median ms per k]}` of the forwards of `ids[:, length : length + k]` on each path's cache (the fast
+    path with `F.linear` up to `blas_max_rows` rows, as `generate` runs it after this machine's calibration)."""
 
     def prepare(path: str) -> None:
         extra = caches[path].get_seq_length() - length
@@ -54,7 +58,7 @@ def _time_forwards(target, caches, ids, length: int, counts, repeats: int, warmu
             target(block, attention_mask=mask, cache=caches[path], use_cache=True, logits_to_keep=k)
 
         def fast_forward(forward=forward) -> None:
-            with fast_verification(target):
+            with fast_verification(target, blas_max_rows=blas_max_rows):
                 forward("longspark")
 
         calls = {"stock": lambda forward=forward: forward("stock"), "longspark": fast_forward}
@@ -96,6 +100,8 @@ def run_verify_cost(target: PreTrainedModel, settings: VerifyCostSettings | None
     result: dict[str, Any] = dict(
         prefix_lengths=lengths, num_tokens=counts, stock_ms=[], longspark_ms=[], prefill_ms=[]
     )
+    blas_max_rows = measure_blas_max_rows(target) if device.type == "cpu" else 1
+    result["blas_max_rows"] = blas_max_rows
     with torch.no_grad():
         for length in tqdm(lengths, desc="verify-cost", unit="prefix", disable=not progress):
             ids = torch.randint(0, config.vocab_size, (1, length + max(counts)), generator=generator).to(device)
@@ -104,7 +110,7 @@ def run_verify_cost(target: PreTrainedModel, settings: VerifyCostSettings | None
             caches = {"stock": stock, "longspark": reserved_copy(stock, target.config, length + max(counts))}
             del stock
             label = f"{length} tokens" if progress else None
-            medians = _time_forwards(target, caches, ids, length, counts, repeats, warmup, device, label)
+            medians = _time_forwards(target, caches, ids, length, counts, repeats, warmup, device, label, blas_max_rows)
             for path in PATHS:
                 result[f"{path}_ms"].append(medians[path])
             del caches
@@ -126,7 +132,8 @@ def run_verify_cost(target: PreTrainedModel, settings: VerifyCostSettings | None
         notes=(
             "*_ms[i][j]: median ms of one cached target forward of num_tokens[j] tokens (logits of all of them) "
             "after prefix_lengths[i] rows. stock: the target's attention + DynamicCache (concatenating); longspark: "
-            "fast_verification's grouped-head attention + ReservedDynamicLayer rows. The cache.crop(-k) that "
+            "fast_verification's grouped-head attention + ReservedDynamicLayer rows, its linear layers packed above "
+            "blas_max_rows rows (this machine's measure_blas_max_rows). The cache.crop(-k) that "
             "restores the prefix runs untimed before each forward; the two paths alternate within each repeat."
         ),
         machine=machine_info(device),
