@@ -5,12 +5,14 @@ the handful of rows of a verification forward, that packing reads and writes eve
 memory-bound machine a 2-token forward's linear layers cost about twice a one-token step's (SmolLM2-135M, fp32,
 2-vCPU AMD EPYC: all linear layers of one forward take 40 ms for 1 row, 70-90 ms for 2-8 rows). oneDNN's kernels
 over weights reordered once (`torch.ops.mkldnn._reorder_linear_weight`) read each weight once per call: 36 ms for
-1 row, 37-52 ms for 2-8 rows, and still ahead of sgemm at 64 rows. Past `MAX_PACKED_ROWS` rows (a prefill)
-sgemm's packing is amortised and the stock path is as fast, so it runs unchanged. Which kernel wins at one row and
+1 row, 37-52 ms for 2-8 rows, and still ahead of sgemm at 64 rows. Past `MAX_PACKED_ROWS` rows (a prefill) it runs
+unchanged: there sgemm's packing is amortised (on a Zen 5 EPYC oneDNN stays 2.2x faster at 512-1024 rows, a lever not
+taken yet). Which kernel wins at one row and
 a few is the CPU's: on that AMD VM one row (a one-token step) is `F.linear`'s, a matrix-vector product that repacks
 nothing; on a 2-vCPU Intel Xeon with AVX-512, MKL's sgemm runs the same layers in 20-21 ms at 2-3 rows against
 oneDNN's 26.5, and loses from 4 rows on (32 against 26.5); on a 2-vCPU AMD EPYC of the Zen 5 generation (AVX-512),
-oneDNN runs them in 13 ms at one row against 33 ms for `F.linear`'s matrix-vector product. So a block names the most
+oneDNN runs them in 17 ms at one row against 34 ms for `F.linear`'s matrix-vector product
+(`scripts/linear_kernels.py`). So a block names the most
 rows that keep `F.linear` (`blas_max_rows`: 1 unless measured, 0 where even one row runs packed), as
 `measure_blas_max_rows` measures it on the model at hand.
 
