@@ -44,7 +44,8 @@ def write_calibration(target, drafter, costs: dict, blas_max_rows=1) -> None:
     path = calibration_path(key)
     path.parent.mkdir(parents=True, exist_ok=True)
     times = {"step_ms": 30.0, "long_step_ms": 31.0, "draft_round_ms": 9.0, "forward_ms": {}, "batch_draft_round_ms": {}}
-    record = {"version": key["version"], "costs": costs, "blas_max_rows": blas_max_rows, **times, "key": key}
+    record = {"version": key["version"], "costs": costs, "blas_max_rows": blas_max_rows, "max_packed_rows": 64, **times,
+              "key": key}  # fmt: skip
     path.write_text(json.dumps(record))
 
 

@@ -265,8 +265,8 @@ def test_generate_runs_the_drafters_linear_layers_from_packed_weights_too(monkey
     served = []
     original = packed_linear._packed_product
 
-    def spy(input, weights, bias, compute):
-        out = original(input, weights, bias, compute)
+    def spy(input, weights, bias, compute, *max_rows):
+        out = original(input, weights, bias, compute, *max_rows)
         if out is not None:
             served.extend(map(id, weights))
         return out
@@ -369,6 +369,18 @@ def test_forwards_up_to_blas_max_rows_keep_f_linear():
         assert not was_packed(module)
         module(torch.randn(4, 24))
     assert was_packed(module)
+
+
+@pytest.mark.parametrize("max_rows", [MAX_PACKED_ROWS, packed_linear.UNLIMITED_ROWS])
+def test_a_prefill_runs_packed_only_where_the_block_allows_its_rows(max_rows):
+    """Past `MAX_PACKED_ROWS` rows a forward keeps `F.linear` unless the block's `max_rows` (the calibration's
+    `measure_max_packed_rows`, where oneDNN beats sgemm at a prefill's rows too) serves it; either way the result is
+    the stock one up to float rounding."""
+    module = layer()
+    x = torch.randn(MAX_PACKED_ROWS + 36, 24)
+    with torch.no_grad(), packed_linear_weights(module, max_rows=max_rows):
+        torch.testing.assert_close(module(x), torch.nn.functional.linear(x, module.weight, module.bias))
+    assert was_packed(module) == (max_rows > MAX_PACKED_ROWS)
 
 
 def test_blas_max_rows_0_runs_one_row_packed():

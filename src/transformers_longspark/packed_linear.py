@@ -51,8 +51,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# Input rows (batch x tokens) up to which a layer uses its packed weight.
+# Input rows (batch x tokens) up to which a layer uses its packed weight, unless a block names more (`max_rows`).
 MAX_PACKED_ROWS = 64
+# Where the packed kernel is faster at a prefill's rows too (`measure_max_packed_rows`, timed at PREFILL_PROBE_ROWS),
+# a block's forwards of any row count run packed.
+UNLIMITED_ROWS = 1 << 30
+PREFILL_PROBE_ROWS = 256
 _PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 # What a block may compute in: a packable dtype, int8 weights (one scale per output row) with bf16 inputs, or the same
 # weights with inputs quantized on the fly (fbgemm's dynamic quantization).
@@ -208,13 +212,18 @@ def fused_linears(input: torch.Tensor, layers: tuple[nn.Linear, ...]) -> tuple[t
 
 
 def _packed_product(
-    input: torch.Tensor, weights: _Weights, bias: torch.Tensor | None, compute: torch.dtype
+    input: torch.Tensor,
+    weights: _Weights,
+    bias: torch.Tensor | None,
+    compute: torch.dtype,
+    max_rows: int = MAX_PACKED_ROWS,
 ) -> torch.Tensor | None:
-    """`input` times `weights` stacked, from their packed copy in `compute`, or `None` where none serves. Which row
-    counts keep `F.linear` in their own dtype (`_one_row_in_its_dtype`) is the callers' rule."""
+    """`input` times `weights` stacked, from their packed copy in `compute`, or `None` where none serves (more than
+    `max_rows` rows among them). Which row counts keep `F.linear` in their own dtype (`_one_row_in_its_dtype`) is the
+    callers' rule."""
     num_rows = input.numel() // input.shape[-1] if input.dim() >= 2 else 0
     if not (
-        0 < num_rows <= MAX_PACKED_ROWS
+        0 < num_rows <= max_rows
         and all(input.dtype == w.dtype and _packable(w) for w in weights)
         and compute in _COMPUTE_DTYPES
         and not (torch.is_grad_enabled() and (input.requires_grad or any(w.requires_grad for w in weights)))
@@ -253,9 +262,9 @@ def _routed_forward(layer: nn.Linear, input: torch.Tensor) -> torch.Tensor:
     """What a routed layer's `forward` runs: `linear` with its weight, bias and its block's compute dtype; one row in
     its own dtype (or up to the block's `blas_max_rows`) goes to `F.linear` at once (a one-token step calls
     ~200 layers, and each call on the way costs ~1.5 us)."""
-    _, compute, blas_max_rows = _routed[id(layer)]
+    _, compute, blas_max_rows, max_rows = _routed[id(layer)]
     if _thread.depth and not _one_row_in_its_dtype(input, compute, blas_max_rows):
-        out = _packed_product(input, (layer.weight,), layer.bias, compute or layer.weight.dtype)
+        out = _packed_product(input, (layer.weight,), layer.bias, compute or layer.weight.dtype, max_rows)
         if out is not None:
             return out
     return F.linear(input, layer.weight, layer.bias)
@@ -268,11 +277,12 @@ def _packable_layers(models: tuple[nn.Module, ...]) -> list[nn.Linear]:
 
 @contextlib.contextmanager
 def packed_linear_weights(
-    *models: nn.Module, dtype: torch.dtype | None = None, blas_max_rows: int = 1
+    *models: nn.Module, dtype: torch.dtype | None = None, blas_max_rows: int = 1, max_rows: int = MAX_PACKED_ROWS
 ) -> Iterator[None]:
     """Inside the block, this thread's few-row forwards of `models`' CPU `nn.Linear` layers use packed weights (in
     `dtype`, when given: see the module docstring), except forwards of at most `blas_max_rows` rows in the layers' own
-    dtype, which keep `F.linear` (`measure_blas_max_rows`).
+    dtype, which keep `F.linear` (`measure_blas_max_rows`), and forwards of more than `max_rows` rows (a prefill;
+    `measure_max_packed_rows`).
 
     Blocks nest and may be open in several threads at once; a layer's own `forward` is restored when the last block
     routing it exits, exceptions included. A layer routed by several open blocks keeps the first one's dtype and
@@ -281,7 +291,7 @@ def packed_linear_weights(
     layers = _packable_layers(models)
     with _lock:
         for layer in layers:
-            count, *routing = _routed.get(id(layer), (0, dtype, blas_max_rows))
+            count, *routing = _routed.get(id(layer), (0, dtype, blas_max_rows, max_rows))
             if count == 0:
                 layer.forward = _routed_forward.__get__(layer)
             _routed[id(layer)] = (count + 1, *routing)
@@ -336,6 +346,32 @@ def measure_blas_max_rows(model: nn.Module, repeats: int = 3, max_rows: int = 16
     return most
 
 
+@torch.no_grad()
+def measure_max_packed_rows(model: nn.Module, rows: int = PREFILL_PROBE_ROWS, repeats: int = 2) -> int:
+    """The most rows `model`'s packed copies serve on this machine: any count (`UNLIMITED_ROWS`) where one pass over
+    its packable layers at `rows` rows (a prefill's chunk) is faster packed than on `F.linear`, the fastest of
+    `repeats` each, interleaved; else `MAX_PACKED_ROWS`, where sgemm's packing is amortised."""
+    layers = _packable_layers((model,))
+    if not layers or _packed_weight((layers[0].weight,), layers[0].weight.dtype) is None:
+        return MAX_PACKED_ROWS
+    generator = torch.Generator().manual_seed(0)
+    dtype = layers[0].weight.dtype
+    inputs = {w: torch.randn(rows, w, generator=generator).to(dtype) for w in {layer.in_features for layer in layers}}
+
+    def seconds(packed: bool) -> float:
+        start = time.perf_counter()
+        for layer in layers:
+            x = inputs[layer.in_features]
+            if packed:
+                _packed_product(x, (layer.weight,), layer.bias, dtype, max_rows=rows)
+            else:
+                F.linear(x, layer.weight, layer.bias)
+        return time.perf_counter() - start
+
+    times = [(seconds(False), seconds(True)) for _ in range(repeats)]
+    return UNLIMITED_ROWS if min(t[1] for t in times) < min(t[0] for t in times) else MAX_PACKED_ROWS
+
+
 def drafter_linear_dtype(drafter: nn.Module) -> torch.dtype:
     """The dtype of `drafter`'s linear layers on the fast path: its `linear_dtype` ("auto": `fast_dtype` of its own)."""
     choice = getattr(drafter, "linear_dtype", "auto")
@@ -373,6 +409,7 @@ __all__ = [
     "packed_drafter_weights",
     "linear",
     "measure_blas_max_rows",
+    "measure_max_packed_rows",
     "packed_copy",
     "packed_linear_weights",
     "release_packed_weights",

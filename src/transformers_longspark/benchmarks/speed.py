@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -92,9 +92,10 @@ class _Runner:
     pad_token_id: int | None
     settings: SpeedSettings
     static_cache_len: int | None  # None: each static cache sized for its own call
-    # The fast path's row count up to which linear layers keep `F.linear`, as this machine's calibration measured it
-    # for LongSpark: the plain methods on the fast path run with the same kernels.
-    blas_max_rows: int = 1
+    # Which row counts the fast path runs on packed weights (`fast_verification`'s `blas_max_rows`,
+    # `max_packed_rows`), as this machine's calibration measured them for LongSpark: the plain methods on the fast
+    # path run with the same kernels.
+    packed_rows: dict[str, int] = field(default_factory=dict)
 
     @contextlib.contextmanager
     def decoding(self, method: str, mode: str, max_new_tokens: int, prompt_length: int) -> Iterator[dict[str, Any]]:
@@ -122,7 +123,7 @@ class _Runner:
             cache = kwargs["cache"] = DynamicCache(config=target.config)
             candidates = kwargs.get("prompt_lookup_num_tokens", 0)
             rows = prompt_length + max_new_tokens + (candidates + 1 if candidates else 0)
-            path = fast_verification(target, cache, rows, blas_max_rows=self.blas_max_rows)
+            path = fast_verification(target, cache, rows, **self.packed_rows)
         with path:
             yield kwargs
 
@@ -221,8 +222,10 @@ def run_speed_benchmark(
     static_cache_len = longest + max_new_tokens if device.type in AUTO_COMPILE_DEVICES else None
     methods_settings = {**DRAFTER_METHODS, **variants}
     calibration = calibration_for_generate(target, drafter)
-    blas_rows = 1 if calibration is None else calibration.blas_max_rows
-    runner = _Runner(target, device, drafters, methods_settings, pad_token_id, settings, static_cache_len, blas_rows)
+    rows = {} if calibration is None else dict(
+        blas_max_rows=calibration.blas_max_rows, max_packed_rows=calibration.max_packed_rows
+    )
+    runner = _Runner(target, device, drafters, methods_settings, pad_token_id, settings, static_cache_len, rows)
 
     num_runs = sum(len(items) * len(per_mode[mode]) for items in workloads.values() for mode in modes)
     num_warmups = sum(len(per_mode[mode]) for mode in modes) if settings.warmup else 0
@@ -290,4 +293,5 @@ def _planned_costs(target: PreTrainedModel, drafter: LongSparkDrafterModel) -> d
     if calibration is None:
         costs = DraftingKnobs.from_generation_config(drafter.generation_config).costs
         return {"source": "generation_config", **asdict(costs)}
-    return {"source": "calibration", "blas_max_rows": calibration.blas_max_rows, **asdict(calibration.costs)}
+    kernels = {"blas_max_rows": calibration.blas_max_rows, "max_packed_rows": calibration.max_packed_rows}
+    return {"source": "calibration", **kernels, **asdict(calibration.costs)}

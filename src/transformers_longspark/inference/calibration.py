@@ -14,7 +14,9 @@ non-finite) is measured again, with a warning.
 What is measured, interleaved so that a busy machine skews all parts alike (the fastest of `repeats` each: other
 processes only ever add time):
 - first, which kernel runs the target's linear layers at a few rows (`blas_max_rows`,
-  `packed_linear.measure_blas_max_rows`): the fast path then takes it, in the forwards below and in `generate`;
+  `packed_linear.measure_blas_max_rows`), and whether the packed kernel beats `F.linear` at a prefill's rows too
+  (`max_packed_rows`, `packed_linear.measure_max_packed_rows`): the fast path then takes both, in the forwards below
+  and in `generate`;
 - `step`: a one-token forward of the target at a short prefix (`SHORT_PREFIX`);
 - a drafter round (boundary states, context read with the summary update, planning, the drafter forward and its
   token loop) -> `draft_round_cost = round / step`;
@@ -46,7 +48,13 @@ from transformers import DynamicCache, PreTrainedModel
 
 from ..files import cache_root
 from ..modeling_longspark import LongSparkDrafterModel
-from ..packed_linear import drafter_linear_dtype, measure_blas_max_rows, packed_drafter_weights
+from ..packed_linear import (
+    MAX_PACKED_ROWS,
+    drafter_linear_dtype,
+    measure_blas_max_rows,
+    measure_max_packed_rows,
+    packed_drafter_weights,
+)
 from .drafting import DraftRequests, DraftSettings
 from .knobs import DraftingKnobs, check_costs
 from .planning import RoundCosts, Source
@@ -55,7 +63,7 @@ from .verification import fast_verification
 
 logger = logging.getLogger("transformers_longspark")
 
-CALIBRATION_VERSION = 5
+CALIBRATION_VERSION = 6
 SHORT_PREFIX = 128
 LONG_PREFIX = 1024
 VERIFY_TOKENS = (1, 2, 3, 4, 5, 7, 10)
@@ -76,6 +84,7 @@ class Calibration:
 
     costs: RoundCosts
     blas_max_rows: int
+    max_packed_rows: int
     step_ms: float
     long_step_ms: float
     draft_round_ms: float
@@ -166,6 +175,9 @@ def _read_cached(path: Path) -> Calibration | None:
         costs = check_costs(RoundCosts(**data.pop("costs")), f"The calibration in {path}")
         if type(data["blas_max_rows"]) is not int or data["blas_max_rows"] < 0:
             raise ValueError(f"blas_max_rows must be a whole number of rows >= 0, got {data['blas_max_rows']!r}")
+        if type(data["max_packed_rows"]) is not int or data["max_packed_rows"] < MAX_PACKED_ROWS:
+            raise ValueError(f"max_packed_rows must be a whole number of rows >= {MAX_PACKED_ROWS}, got "
+                             f"{data['max_packed_rows']!r}")  # fmt: skip
         # JSON keys are strings: the row and batch counts back to ints.
         for name in ("forward_ms", "batch_draft_round_ms"):
             data[name] = {int(rows): ms for rows, ms in data[name].items()}
@@ -193,8 +205,10 @@ def calibrate(target: PreTrainedModel, drafter: LongSparkDrafterModel, repeats: 
     session = DraftSession(drafter, target, settings)
     cache = DynamicCache(config=target.config)
     rows = SHORT_PREFIX + repeats + 2 + max(forward_rows)
-    blas_max_rows = measure_blas_max_rows(target) if device.type == "cpu" else 1
-    fast_path = partial(fast_verification, target, blas_max_rows=blas_max_rows)
+    on_cpu = device.type == "cpu"
+    blas_max_rows = measure_blas_max_rows(target) if on_cpu else 1
+    max_packed_rows = measure_max_packed_rows(target) if on_cpu else MAX_PACKED_ROWS
+    fast_path = partial(fast_verification, target, blas_max_rows=blas_max_rows, max_packed_rows=max_packed_rows)
     try:
         with fast_path(cache, rows), packed_drafter_weights(drafter):
             target(prompt, cache=cache, use_cache=True, logits_to_keep=1)
@@ -230,6 +244,7 @@ def calibrate(target: PreTrainedModel, drafter: LongSparkDrafterModel, repeats: 
     return Calibration(
         costs=costs,
         blas_max_rows=blas_max_rows,
+        max_packed_rows=max_packed_rows,
         step_ms=step * 1e3,
         long_step_ms=long_step * 1e3,
         draft_round_ms=draft_round * 1e3,

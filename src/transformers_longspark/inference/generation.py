@@ -201,14 +201,15 @@ def _assisted_decoding(self, input_ids, *args, assistant_model=None, **kwargs):
     try:
         fast = assistant_model.fast_verification
         packed = assistant_model.packed_weights
-        blas_max_rows = 1
+        rows = {}
         if fast and packed:
             assistant_model.bind_target(self)  # its output head is one of the layers to pack
-            # Measured (once per machine and target) before the fast path opens: the kernel of few-row forwards.
+            # Measured (once per machine and target) before the fast path opens: which kernel runs which row counts.
             calibration = calibration_for_generate(self, assistant_model)
-            blas_max_rows = 1 if calibration is None else calibration.blas_max_rows
+            if calibration is not None:
+                rows = dict(blas_max_rows=calibration.blas_max_rows, max_packed_rows=calibration.max_packed_rows)
         with (
-            fast_verification(self, cache, max_length, packed, blas_max_rows) if fast else nullcontext(),
+            fast_verification(self, cache, max_length, packed, **rows) if fast else nullcontext(),
             packed_drafter_weights(assistant_model) if fast and packed else nullcontext(),
         ):
             return decode(self, input_ids, *args, assistant_model=assistant_model, **kwargs)

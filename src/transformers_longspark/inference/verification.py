@@ -44,7 +44,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from ..packed_linear import packed_linear_weights
+from ..packed_linear import MAX_PACKED_ROWS, packed_linear_weights
 from ..transformers_private import attention_implementation, set_attention_implementation
 
 ATTENTION_NAME = "longspark_verification"
@@ -204,6 +204,7 @@ def fast_verification(
     max_length: int | None = None,
     packed_weights: bool = True,
     blas_max_rows: int = 1,
+    max_packed_rows: int = MAX_PACKED_ROWS,
 ) -> Iterator[None]:
     """Verifies with `grouped_verification_attention` (and appends into reserved cache rows) inside the block.
 
@@ -212,8 +213,8 @@ def fast_verification(
     docstring); the last block to exit, in any thread, restores the model's implementation, exceptions included.
     `cache` (still empty) gets `max_length` reserved rows per full-attention layer; it is not restored, as its layers
     hold the rows. With `packed_weights`, the model's CPU linear layers use packed weights (`packed_linear_weights`,
-    which keeps them) in forwards of more than `blas_max_rows` tokens (the calibration measures where `F.linear` is
-    faster: `packed_linear.measure_blas_max_rows`).
+    which keeps them) in forwards of more than `blas_max_rows` and at most `max_packed_rows` tokens (the calibration
+    measures where `F.linear` is faster: `packed_linear.measure_blas_max_rows`, `measure_max_packed_rows`).
     """
     if cache is not None and max_length is not None:
         reserve_cache_rows(cache, max_length)
@@ -227,7 +228,8 @@ def fast_verification(
             set_attention_implementation(config, ATTENTION_NAME)
     _thread.depth += 1
     try:
-        with packed_linear_weights(model, blas_max_rows=blas_max_rows) if packed_weights else contextlib.nullcontext():
+        packed = packed_linear_weights(model, blas_max_rows=blas_max_rows, max_rows=max_packed_rows)
+        with packed if packed_weights else contextlib.nullcontext():
             yield
     finally:
         _thread.depth -= 1
