@@ -238,6 +238,8 @@ MUTATIONS = [
              "input.numel() <= blas_max_rows * input.shape[-1]", "input.numel() <= 64 * input.shape[-1]", PACKED),
     Mutation("the calibration's kernel choice never reaches generate's fast path", "inference/generation.py",
              "rows = dict(blas_max_rows=calibration.blas_max_rows,", "rows = dict(blas_max_rows=1,", CALIBRATION),
+    Mutation("the calibration's prefill kernel never reaches generate's fast path", "inference/generation.py",
+             "max_packed_rows=calibration.max_packed_rows)", "max_packed_rows=64)", CALIBRATION),
     Mutation("a packed copy outlives its weight's storage (w.data = t)", "packed_linear.py",
              "state = tuple((w.data_ptr(), w._version) for w in weights)",
              "state = tuple((id(w), w._version) for w in weights)", PACKED),

@@ -39,13 +39,13 @@ def cache_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def write_calibration(target, drafter, costs: dict, blas_max_rows=1) -> None:
+def write_calibration(target, drafter, costs: dict, blas_max_rows=1, max_packed_rows=64) -> None:
     key = calibration_key(target, drafter)
     path = calibration_path(key)
     path.parent.mkdir(parents=True, exist_ok=True)
     times = {"step_ms": 30.0, "long_step_ms": 31.0, "draft_round_ms": 9.0, "forward_ms": {}, "batch_draft_round_ms": {}}
-    record = {"version": key["version"], "costs": costs, "blas_max_rows": blas_max_rows, "max_packed_rows": 64, **times,
-              "key": key}  # fmt: skip
+    kernels = {"blas_max_rows": blas_max_rows, "max_packed_rows": max_packed_rows}
+    record = {"version": key["version"], "costs": costs, **kernels, **times, "key": key}
     path.write_text(json.dumps(record))
 
 
@@ -166,22 +166,23 @@ def test_a_cached_kernel_choice_that_is_not_a_row_count_is_measured_again(cache_
 
 
 def test_generate_runs_few_row_forwards_on_the_calibrated_kernel(cache_dir, monkeypatch):
-    """The calibration's `blas_max_rows` reaches the fast path of `generate` (and the output is unchanged)."""
+    """The calibration's `blas_max_rows` and `max_packed_rows` reach the fast path of `generate` (and the output is
+    unchanged)."""
     target = make_target("qwen3")
     drafter = make_drafter(target)
     drafter.generation_config.calibrate_costs = True
-    write_calibration(target, drafter, COSTS, blas_max_rows=5)
+    write_calibration(target, drafter, COSTS, blas_max_rows=5, max_packed_rows=1 << 30)
     opened, original = [], verification.packed_linear_weights
 
     def spy(*models, **kwargs):
-        opened.append(kwargs.get("blas_max_rows"))
+        opened.append((kwargs.get("blas_max_rows"), kwargs.get("max_rows")))
         return original(*models, **kwargs)
 
     monkeypatch.setattr(verification, "packed_linear_weights", spy)
     prompt = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(0))
     reference, assisted = greedy_pair(target, drafter, prompt, max_new_tokens=16)
     assert torch.equal(reference, assisted)
-    assert opened == [5]
+    assert opened == [(5, 1 << 30)]
 
 
 def test_generate_plans_with_the_calibrated_costs_and_stays_exact(cache_dir, monkeypatch):

@@ -5,9 +5,9 @@ the handful of rows of a verification forward, that packing reads and writes eve
 memory-bound machine a 2-token forward's linear layers cost about twice a one-token step's (SmolLM2-135M, fp32,
 2-vCPU AMD EPYC: all linear layers of one forward take 40 ms for 1 row, 70-90 ms for 2-8 rows). oneDNN's kernels
 over weights reordered once (`torch.ops.mkldnn._reorder_linear_weight`) read each weight once per call: 36 ms for
-1 row, 37-52 ms for 2-8 rows, and still ahead of sgemm at 64 rows. Past `MAX_PACKED_ROWS` rows (a prefill) it runs
-unchanged: there sgemm's packing is amortised (on a Zen 5 EPYC oneDNN stays 2.2x faster at 512-1024 rows, a lever not
-taken yet). Which kernel wins at one row and
+1 row, 37-52 ms for 2-8 rows, and still ahead of sgemm at 64 rows. Past `MAX_PACKED_ROWS` rows (a prefill) a forward
+runs unchanged, where sgemm's packing is amortised, unless the block serves more rows (`max_rows`: on a Zen 5 EPYC
+oneDNN stays 2.2x faster at 512-1024 rows, and `measure_max_packed_rows` says so). Which kernel wins at one row and
 a few is the CPU's: on that AMD VM one row (a one-token step) is `F.linear`'s, a matrix-vector product that repacks
 nothing; on a 2-vCPU Intel Xeon with AVX-512, MKL's sgemm runs the same layers in 20-21 ms at 2-3 rows against
 oneDNN's 26.5, and loses from 4 rows on (32 against 26.5); on a 2-vCPU AMD EPYC of the Zen 5 generation (AVX-512),
