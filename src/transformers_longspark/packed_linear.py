@@ -2,19 +2,14 @@
 
 On CPU, `F.linear` with more than one input row runs MKL's sgemm, which repacks the weight matrix on every call: for
 the handful of rows of a verification forward, that packing reads and writes every weight once more, so on a
-memory-bound machine a 2-token forward's linear layers cost about twice a one-token step's (SmolLM2-135M, fp32,
-2-vCPU AMD EPYC: all linear layers of one forward take 40 ms for 1 row, 70-90 ms for 2-8 rows). oneDNN's kernels
-over weights reordered once (`torch.ops.mkldnn._reorder_linear_weight`) read each weight once per call: 36 ms for
-1 row, 37-52 ms for 2-8 rows, and still ahead of sgemm at 64 rows. Past `MAX_PACKED_ROWS` rows (a prefill) a forward
-runs unchanged, where sgemm's packing is amortised, unless the block serves more rows (`max_rows`: on a Zen 5 EPYC
-oneDNN stays 2.2x faster at 512-1024 rows, and `measure_max_packed_rows` says so). Which kernel wins at one row and
-a few is the CPU's: on that AMD VM one row (a one-token step) is `F.linear`'s, a matrix-vector product that repacks
-nothing; on a 2-vCPU Intel Xeon with AVX-512, MKL's sgemm runs the same layers in 20-21 ms at 2-3 rows against
-oneDNN's 26.5, and loses from 4 rows on (32 against 26.5); on a 2-vCPU AMD EPYC of the Zen 5 generation (AVX-512),
-oneDNN runs them in 17 ms at one row against 34 ms for `F.linear`'s matrix-vector product
-(`scripts/linear_kernels.py`). So a block names the most
-rows that keep `F.linear` (`blas_max_rows`: 1 unless measured, 0 where even one row runs packed), as
-`measure_blas_max_rows` measures it on the model at hand.
+memory-bound machine a 2-token forward's linear layers cost about twice a one-token step's. oneDNN's kernels over
+weights reordered once (`torch.ops.mkldnn._reorder_linear_weight`) read each weight once per call. Which kernel wins
+is the CPU's (SmolLM2-135M's layers, 2 vCPUs, `scripts/linear_kernels.py`): on an AVX2-only AMD EPYC `F.linear` wins
+at one row (a matrix-vector product repacks nothing) and oneDNN at 2-64 (37-52 ms against 70-90 at 2-8 rows); on an
+Intel Xeon with AVX-512 sgemm wins up to 3 rows; on a Zen 5 EPYC oneDNN wins from one row (17 ms against 34) to a
+prefill's 1024 (2.2x). So a block names the most rows that keep `F.linear` (`blas_max_rows`: 1 unless measured, 0
+where even one row runs packed; `measure_blas_max_rows`) and the most that run packed (`max_rows`: `MAX_PACKED_ROWS`,
+past which sgemm's packing is amortised, unless `measure_max_packed_rows` finds oneDNN faster at a prefill's rows).
 
 `packed_linear_weights(*models)` routes the `nn.Linear` layers of `models` through packed weights for this thread,
 for the duration of the block (`fast_verification` opens it for the target); `linear` is the same for a bare weight
@@ -29,13 +24,11 @@ A block may also run its layers in a lower precision (`dtype`): the packed copy 
 cast to it and outputs back. With `torch.bfloat16` on CPUs with native bf16 instructions; with `torch.int8` the copy
 is int8 with a scale per output row (weight-only quantization; bf16 inputs); with `torch.qint8`, the same int8 rows
 run by fbgemm's dynamic quantization (`quantized::linear_dynamic`: each input quantized on the fly, int8 products).
-The drafter's few-row forwards are bound by reading its weights, so a quarter of fp32's bytes is most of the gain:
-on a 2-vCPU AMD EPYC with AVX2 only, the output head (16,384 x 576) at 7 rows took 1.0-1.2 ms in `qint8`, 5.5 ms
-packed fp32 and 6.7 ms in `torch.int8` (fast only with AVX-512), and an Intel CPU with AVX-512 and AMX ran all the
-drafter's layers in 2.6 ms with dynamic int8, 7.0 ms in bf16 and 8.5 ms in fp32. `fast_dtype` picks it wherever torch
-has the kernel. The target's layers never run in a lower precision (its logits decide the output); the drafter's
-may, since the verifier divides by the law the drafter actually produced, so its precision moves its acceptance,
-never the output.
+The drafter's few-row forwards are bound by reading its weights, so a quarter of fp32's bytes is most of the gain
+(`qint8` is the fastest on every CPU measured, AMX included: docs/results.md, the drafter round by part); `fast_dtype`
+picks it wherever torch has the kernel. The target's layers never run in a lower precision (its logits decide the
+output); the drafter's may, since the verifier divides by the law the drafter actually produced, so its precision
+moves its acceptance, never the output.
 """
 
 from __future__ import annotations
