@@ -24,9 +24,9 @@ def _blas(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
 
 
 def _packed(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
-    """oneDNN's product over the layer's packed copy, at any row count (the fast path stops at `MAX_PACKED_ROWS`)."""
-    weight = packed_linear._packed_weight((layer.weight,), layer.weight.dtype)
-    return torch.ops.mkldnn._linear_pointwise(x, weight, layer.bias, "none", [], "")
+    """oneDNN's product over the layer's packed copy, at any row count (the fast path stops at `MAX_PACKED_ROWS`
+    unless the calibration's `max_packed_rows` says more)."""
+    return packed_linear._packed_product(x, (layer.weight,), layer.bias, layer.weight.dtype, max_rows=x.shape[0])
 
 
 def main() -> None:

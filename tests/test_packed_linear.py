@@ -405,9 +405,9 @@ def test_measure_blas_max_rows_counts_up_until_the_packed_kernel_is_as_fast(cros
         time.sleep(0.002 if x.shape[0] >= crossover else 0.0)
         return stock_linear(x, weight, bias)
 
-    def slow_below_crossover(x, weights, bias, dtype):
+    def slow_below_crossover(x, weights, bias, dtype, **kwargs):
         time.sleep(0.002 if x.shape[0] < crossover else 0.0)
-        return stock_packed(x, weights, bias, dtype)
+        return stock_packed(x, weights, bias, dtype, **kwargs)
 
     monkeypatch.setattr(packed_linear.F, "linear", slow_from_crossover)
     monkeypatch.setattr(packed_linear, "_packed_product", slow_below_crossover)

@@ -302,52 +302,10 @@ def packed_linear_weights(
                     del layer.forward  # back to `nn.Linear.forward`
 
 
-@torch.no_grad()
-def measure_blas_max_rows(model: nn.Module, repeats: int = 3, max_rows: int = 16) -> int:
-    """The most rows up to which `F.linear` runs `model`'s packable linear layers (in their own dtype) faster than
-    their packed copies on this machine, counting up from one row until the packed kernel is as fast: 0 where it is
-    at one row already (a one-token step then runs packed too), 1 where it cannot pack them. Times one pass over all
-    the layers per kernel and row count, interleaved, the fastest of `repeats` (other processes only ever add time);
+def _packed_is_faster(layers: list[nn.Linear], rows: int, repeats: int, generator: torch.Generator) -> bool:
+    """Whether one pass over `layers` at `rows` random input rows (in their own dtype) runs faster on their packed
+    copies than on `F.linear`: the fastest of `repeats` passes each, interleaved (other processes only ever add time);
     the packed copies made on the way are kept."""
-    layers = _packable_layers((model,))
-    generator = torch.Generator().manual_seed(0)
-    dtype = layers[0].weight.dtype if layers else torch.float32
-    widths = {layer.in_features for layer in layers}
-
-    def seconds(kernel, inputs: dict[int, torch.Tensor]) -> float:
-        start = time.perf_counter()
-        for layer in layers:
-            kernel(inputs[layer.in_features], layer)
-        return time.perf_counter() - start
-
-    def blas(x, layer):
-        return F.linear(x, layer.weight, layer.bias)
-
-    def packed(x, layer):
-        return _packed_product(x, (layer.weight,), layer.bias, layer.weight.dtype)
-
-    first = {w: torch.randn(1, w, generator=generator).to(dtype) for w in widths}
-    if not layers or any(packed(first[layer.in_features], layer) is None for layer in layers):
-        return 1
-    most = 0
-    for rows in range(1, max_rows + 1):
-        inputs = {w: torch.randn(rows, w, generator=generator).to(dtype) for w in widths}
-        times = [(seconds(blas, inputs), seconds(packed, inputs)) for _ in range(repeats)]
-        if min(t[0] for t in times) >= min(t[1] for t in times):
-            break
-        most = rows
-    return most
-
-
-@torch.no_grad()
-def measure_max_packed_rows(model: nn.Module, rows: int = PREFILL_PROBE_ROWS, repeats: int = 2) -> int:
-    """The most rows `model`'s packed copies serve on this machine: any count (`UNLIMITED_ROWS`) where one pass over
-    its packable layers at `rows` rows (a prefill's chunk) is faster packed than on `F.linear`, the fastest of
-    `repeats` each, interleaved; else `MAX_PACKED_ROWS`, where sgemm's packing is amortised."""
-    layers = _packable_layers((model,))
-    if not layers or _packed_weight((layers[0].weight,), layers[0].weight.dtype) is None:
-        return MAX_PACKED_ROWS
-    generator = torch.Generator().manual_seed(0)
     dtype = layers[0].weight.dtype
     inputs = {w: torch.randn(rows, w, generator=generator).to(dtype) for w in {layer.in_features for layer in layers}}
 
@@ -362,7 +320,39 @@ def measure_max_packed_rows(model: nn.Module, rows: int = PREFILL_PROBE_ROWS, re
         return time.perf_counter() - start
 
     times = [(seconds(False), seconds(True)) for _ in range(repeats)]
-    return UNLIMITED_ROWS if min(t[1] for t in times) < min(t[0] for t in times) else MAX_PACKED_ROWS
+    return min(t[1] for t in times) < min(t[0] for t in times)
+
+
+def _can_pack(layers: list[nn.Linear]) -> bool:
+    return bool(layers) and all(_packed_weight((layer.weight,), layer.weight.dtype) is not None for layer in layers)
+
+
+@torch.no_grad()
+def measure_blas_max_rows(model: nn.Module, repeats: int = 3, max_rows: int = 16) -> int:
+    """The most rows up to which `F.linear` runs `model`'s packable linear layers (in their own dtype) faster than
+    their packed copies on this machine, counting up from one row until the packed kernel is faster
+    (`_packed_is_faster`): 0 where it is at one row already (a one-token step then runs packed too), 1 where it cannot
+    pack them."""
+    layers = _packable_layers((model,))
+    if not _can_pack(layers):
+        return 1
+    generator = torch.Generator().manual_seed(0)
+    for rows in range(1, max_rows + 1):
+        if _packed_is_faster(layers, rows, repeats, generator):
+            return rows - 1
+    return max_rows
+
+
+@torch.no_grad()
+def measure_max_packed_rows(model: nn.Module, rows: int = PREFILL_PROBE_ROWS, repeats: int = 2) -> int:
+    """The most rows `model`'s packed copies serve on this machine: any count (`UNLIMITED_ROWS`) where its packable
+    layers run faster packed at `rows` rows (a prefill's chunk; `_packed_is_faster`), else `MAX_PACKED_ROWS`, where
+    sgemm's packing is amortised."""
+    layers = _packable_layers((model,))
+    if not _can_pack(layers):
+        return MAX_PACKED_ROWS
+    faster = _packed_is_faster(layers, rows, repeats, torch.Generator().manual_seed(0))
+    return UNLIMITED_ROWS if faster else MAX_PACKED_ROWS
 
 
 def drafter_linear_dtype(drafter: nn.Module) -> torch.dtype:

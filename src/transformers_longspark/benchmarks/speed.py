@@ -222,9 +222,7 @@ def run_speed_benchmark(
     static_cache_len = longest + max_new_tokens if device.type in AUTO_COMPILE_DEVICES else None
     methods_settings = {**DRAFTER_METHODS, **variants}
     calibration = calibration_for_generate(target, drafter)
-    rows = {} if calibration is None else dict(
-        blas_max_rows=calibration.blas_max_rows, max_packed_rows=calibration.max_packed_rows
-    )
+    rows = {} if calibration is None else calibration.fast_path_rows
     runner = _Runner(target, device, drafters, methods_settings, pad_token_id, settings, static_cache_len, rows)
 
     num_runs = sum(len(items) * len(per_mode[mode]) for items in workloads.values() for mode in modes)
@@ -293,5 +291,4 @@ def _planned_costs(target: PreTrainedModel, drafter: LongSparkDrafterModel) -> d
     if calibration is None:
         costs = DraftingKnobs.from_generation_config(drafter.generation_config).costs
         return {"source": "generation_config", **asdict(costs)}
-    kernels = {"blas_max_rows": calibration.blas_max_rows, "max_packed_rows": calibration.max_packed_rows}
-    return {"source": "calibration", **kernels, **asdict(calibration.costs)}
+    return {"source": "calibration", **calibration.fast_path_rows, **asdict(calibration.costs)}

@@ -92,6 +92,11 @@ class Calibration:
     batch_draft_round_ms: dict[int, float]
     key: dict[str, Any]
 
+    @property
+    def fast_path_rows(self) -> dict[str, int]:
+        """The measured kernel choice, as `fast_verification`'s keyword arguments."""
+        return {"blas_max_rows": self.blas_max_rows, "max_packed_rows": self.max_packed_rows}
+
     def to_json(self) -> dict[str, Any]:
         return {"version": CALIBRATION_VERSION, **asdict(self), "costs": asdict(self.costs)}
 

@@ -206,8 +206,7 @@ def _assisted_decoding(self, input_ids, *args, assistant_model=None, **kwargs):
             assistant_model.bind_target(self)  # its output head is one of the layers to pack
             # Measured (once per machine and target) before the fast path opens: which kernel runs which row counts.
             calibration = calibration_for_generate(self, assistant_model)
-            if calibration is not None:
-                rows = dict(blas_max_rows=calibration.blas_max_rows, max_packed_rows=calibration.max_packed_rows)
+            rows = {} if calibration is None else calibration.fast_path_rows
         with (
             fast_verification(self, cache, max_length, packed, **rows) if fast else nullcontext(),
             packed_drafter_weights(assistant_model) if fast and packed else nullcontext(),
