@@ -20,7 +20,7 @@ from helpers import (
     make_oracle_drafter,
     make_target,
 )
-from transformers_longspark.benchmarks.common import count_forward_calls
+from transformers_longspark.benchmarks.common import time_forward_calls
 from transformers_longspark.context_state import boundary_states
 from transformers_longspark.inference import batched
 from transformers_longspark.inference.session import DraftSession
@@ -275,11 +275,11 @@ def test_one_drafter_forward_and_one_target_forward_per_round():
     target = context_target("llama")
     drafter = make_oracle_drafter(target, window_size=WINDOW, block_size=BLOCK)
     input_ids, attention_mask = left_padded(LENGTHS[8], seed=13)
-    with count_forward_calls(target) as target_calls, count_forward_calls(drafter) as drafter_calls:
+    with time_forward_calls(target) as target_calls, time_forward_calls(drafter) as drafter_calls:
         target.generate(input_ids, attention_mask=attention_mask, assistant_model=drafter, do_sample=False,
                         max_new_tokens=30, pad_token_id=0)  # fmt: skip
     rounds = drafter.drafting_stats.batch_rounds
-    assert drafter_calls[0] == rounds and target_calls[0] == rounds + 1  # + the prefill
+    assert len(drafter_calls) == rounds and len(target_calls) == rounds + 1  # + the prefill
 
 
 # --- what is refused, before any forward -------------------------------------------------------------------------

@@ -100,7 +100,7 @@ def test_batched_benchmark_command_line(tmp_path, monkeypatch):
     target = context_target("qwen3")
     drafter = make_oracle_drafter(target, window_size=8, block_size=4)
     monkeypatch.setattr(runners, "_load_target", lambda args: (target, SimpleNamespace(pad_token_id=0, eos_token_id=1)))
-    monkeypatch.setattr(runners, "_load_drafter", lambda args, target: (drafter, {"trained": False}))
+    monkeypatch.setattr(runners, "_load_drafter", lambda args, target, path: (drafter, {"trained": False}))
     monkeypatch.setattr(runners, "short_prompts", lambda tokenizer, n, *where: [{"input_ids": [5, 9, 28]}] * n)
     monkeypatch.setattr(runners, "long_context_prompts", lambda *a, **k: [{"input_ids": list(range(2, 30))}])
     path = tmp_path / "batched.json"
@@ -116,7 +116,7 @@ def test_speed_comparison_command_line_without_batch_sizes(monkeypatch):
     """`longspark bench` without `--batch-sizes` asks for `--num-short-prompts` prompts and runs the comparison."""
     target = context_target("qwen3")
     monkeypatch.setattr(runners, "_load_target", lambda args: (target, SimpleNamespace(pad_token_id=0, eos_token_id=1)))
-    monkeypatch.setattr(runners, "_load_drafter", lambda args, target: (make_drafter(target), {"trained": False}))
+    monkeypatch.setattr(runners, "_load_drafter", lambda args, target, path: (make_drafter(target), {"trained": False}))
     asked = []
     monkeypatch.setattr(runners, "short_prompts", lambda tokenizer, n, *where: asked.append(n) or [])
     compared = []
@@ -144,7 +144,7 @@ def test_tau_command_compares_drafters_on_the_same_prompts(tmp_path, monkeypatch
     for folder in drafters:
         (tmp_path / folder).mkdir()
     monkeypatch.setattr(runners, "_load_target", lambda args: (target, SimpleNamespace(pad_token_id=0, eos_token_id=1)))
-    monkeypatch.setattr(runners, "_load_drafter_from", lambda args, target, path: (drafters[path], {"path": path}))
+    monkeypatch.setattr(runners, "_load_drafter", lambda args, target, path: (drafters[path], {"path": path}))
     monkeypatch.setattr(runners, "short_prompts", lambda tokenizer, n, *where: [{"input_ids": [5, 9, 28]}] * n)
     monkeypatch.setattr(runners, "long_context_prompts", lambda *a, **k: [{"input_ids": list(range(2, 30))}])
     path = tmp_path / "tau.json"
@@ -177,7 +177,7 @@ def test_tau_curve_by_length_runs_the_drafter_alone_and_draws_it(tmp_path, monke
         return [{"name": f"f[:{n}]", "length": n, "input_ids": text[:n]} for n in lengths]
 
     monkeypatch.setattr(runners, "_load_target", lambda args: (target, SimpleNamespace(pad_token_id=0, eos_token_id=1)))
-    monkeypatch.setattr(runners, "_load_drafter_from", lambda args, target, path: (drafter, {"path": path}))
+    monkeypatch.setattr(runners, "_load_drafter", lambda args, target, path: (drafter, {"path": path}))
     monkeypatch.setattr(runners, "long_context_prompts", curve_prompts)
     monkeypatch.setattr(tau_module, "calibrated", lambda target, drafter: SimpleNamespace(costs=RoundCosts()))
     path, plot = tmp_path / "curve.json", tmp_path / "curve.png"

@@ -2,7 +2,6 @@
 
 import argparse
 import json
-from itertools import pairwise
 
 import pytest
 import torch
@@ -19,10 +18,8 @@ from transformers_longspark.benchmarks import (
 )
 from transformers_longspark.benchmarks.common import Timings, measure, prefill
 from transformers_longspark.benchmarks.drafting_cost import (
-    LOOKUP_ROW_FIELDS,
     _generators,
     full_prefix_state_bytes,
-    lookup_history,
     synthetic_cache,
 )
 from transformers_longspark.benchmarks.models import build_random_drafter, build_synthetic_target
@@ -32,11 +29,7 @@ from transformers_longspark.benchmarks.report import (
     plot_drafting_cost,
     plot_verify_cost,
 )
-from transformers_longspark.benchmarks.settings import (
-    DEFAULT_LOOKUP_MIN_MATCH,
-    DEFAULT_LOOKUP_NUM_TOKENS,
-    SYNTHETIC_TARGETS,
-)
+from transformers_longspark.benchmarks.settings import SYNTHETIC_TARGETS
 from transformers_longspark.benchmarks.verify_cost import reserved_copy
 from transformers_longspark.inference.generation import requests_after
 from transformers_longspark.inference.verification import ReservedDynamicLayer
@@ -169,75 +162,18 @@ def test_drafting_cost_synthetic_rows(synthetic_cost):
     expected = [full_prefix_state_bytes(drafter.config, t) for t in result["prefix_lengths"]]
     assert result["full_prefix_state_bytes"] == expected == result["full_prefix_state_bytes_formula"]
     assert all(ms > 0 for ms in result["longspark_ms"] + result["full_prefix_ms"])
-    assert "(synthetic)" in format_drafting_cost(result)
+    ratio = result["round_cost_ratio"]
+    assert ratio["lengths"] == [16, 8192] and set(ratio) == {"lengths", "longspark", "full_prefix"}
+    for name in ("longspark", "full_prefix"):
+        assert ratio[name] == result[f"{name}_ms_vs_shortest"][-1] == result[f"{name}_ms"][-1] / result[f"{name}_ms"][0]
+    table = format_drafting_cost(result)
+    assert "(synthetic)" in table and "Round cost 8K / 16" in table and table.count("\n| ") == 4  # a row per length
     json.dumps(result)
 
 
 def test_drafting_cost_plot_with_synthetic_lengths(synthetic_cost, tmp_path):
     _, result = synthetic_cost
     assert plot_drafting_cost(result, tmp_path / "cost.png").read_bytes()[:8] == PNG
-
-
-@pytest.fixture(scope="module")
-def lookup_cost():
-    target = build_synthetic_target("tiny")
-    drafter = build_random_drafter(target, window_size=8, num_summary_queries=4, block_size=4)
-    settings = DraftingCostSettings(
-        prefix_lengths=(16, 64),
-        rounds=3,
-        warmup=1,
-        synthetic_prefix_lengths=(256, 1024),
-        lookup_min_match=3,
-        lookup_num_tokens=6,
-        lookup_new_tokens=3,
-    )
-    result = run_drafting_cost(target, drafter, settings)
-    return drafter, result
-
-
-def test_drafting_cost_with_lookup_reports_rounds_and_index_bytes_per_length(lookup_cost):
-    drafter, result = lookup_cost
-    assert result["prefix_lengths"] == [16, 64, 256, 1024] and result["synthetic"] == [False, False, True, True]
-    for field in LOOKUP_ROW_FIELDS:
-        assert len(result[field]) == 4, field
-        assert [row[field] for row in result["rows"]] == result[field]
-    assert all(ms > 0 for ms in result["longspark_lookup_ms"] + result["lookup_prefill_index_ms"])
-    index_bytes = result["lookup_index_bytes"]
-    assert all(a < b for a, b in pairwise(index_bytes))  # one entry per indexed n-gram: grows with t
-    assert all(0 <= hits <= 3 + 1 for hits in result["lookup_hit_rounds"])
-    lookup_ms, longspark_ms = result["longspark_lookup_ms"], result["longspark_ms"]
-    assert result["lookup_overhead_ms"] == [a - b for a, b in zip(lookup_ms, longspark_ms)]
-    ratio = result["round_cost_ratio"]
-    assert ratio["lengths"] == [16, 1024]
-    for name in ("longspark", "longspark_lookup", "full_prefix"):
-        assert ratio[name] == result[f"{name}_ms_vs_shortest"][-1] == result[f"{name}_ms"][-1] / result[f"{name}_ms"][0]
-    assert result["lookup"]["lookup_min_match"] == 3 and result["lookup"]["new_tokens_per_round"] == 3
-    assert "lookup_min_match" not in vars(drafter.generation_config)  # restored
-    json.dumps(result)
-
-
-def test_drafting_cost_with_lookup_table_and_plot(lookup_cost, tmp_path):
-    _, result = lookup_cost
-    table = format_drafting_cost(result)
-    assert "| LongSpark + lookup ms/round | lookup index / request | lookup hits |" in table
-    assert "Round cost 1K / 16" in table and "LongSpark + lookup" in table.split("Round cost")[1]
-    assert table.count("\n| ") == 4  # one row per length
-    assert plot_drafting_cost(result, tmp_path / "cost.png").read_bytes()[:8] == PNG
-
-
-def test_drafting_cost_without_lookup_has_no_lookup_fields(synthetic_cost):
-    _, result = synthetic_cost
-    assert not any(field in result for field in ("longspark_lookup_ms", "lookup_index_bytes")) and not result["lookup"]
-    assert set(result["round_cost_ratio"]) == {"lengths", "longspark", "full_prefix"}
-    assert "lookup" not in format_drafting_cost(result)
-
-
-def test_lookup_history_is_seeded_and_repeats_stretches():
-    history = lookup_history(4096, 50000, seed=3)
-    assert len(history) == 4096 and history == lookup_history(4096, 50000, seed=3) != lookup_history(4096, 50000, 4)
-    assert all(0 <= token < 50000 for token in history)
-    eights = [tuple(history[i : i + 8]) for i in range(len(history) - 7)]
-    assert len(set(eights)) < 0.9 * len(eights)  # copied stretches: many 8-grams recur (random ones never would)
 
 
 def test_drafting_cost_generators_draft_whole_blocks_whatever_the_drafter_thresholds():
@@ -284,11 +220,6 @@ def test_cost_subcommands_parse():
     assert args.synthetic_prefix_lengths == [32768, 65536, 131072] and args.prefix is None
     args = parser.parse_args(["bench", "drafting-cost", "--synthetic-prefix-lengths", "--synthetic-target", "tiny"])
     assert args.synthetic_prefix_lengths == [] and args.synthetic_target == "tiny"
-    assert not args.with_lookup and args.lookup_new_tokens is None
-    assert (args.lookup_min_match, args.lookup_num_tokens) == (DEFAULT_LOOKUP_MIN_MATCH, DEFAULT_LOOKUP_NUM_TOKENS)
-    lookup = ["--with-lookup", "--lookup-min-match", "4", "--lookup-num-tokens", "12", "--lookup-new-tokens", "3"]
-    args = parser.parse_args(["bench", "drafting-cost", *lookup])
-    assert args.with_lookup and (args.lookup_min_match, args.lookup_num_tokens, args.lookup_new_tokens) == (4, 12, 3)
     with pytest.raises(SystemExit):
         parser.parse_args(["bench", "verify-cost", "--synthetic-target", "gpt-5"])
 
@@ -303,10 +234,9 @@ def test_cost_commands_end_to_end_on_the_tiny_synthetic_target(tmp_path, capsys)
     assert (tmp_path / "v.png").read_bytes()[:8] == PNG and "| 32 |" in (tmp_path / "v.md").read_text()
     cli.main(["bench", "drafting-cost", *common, "--prefix-lengths", "16", "--synthetic-prefix-lengths", "64",
               "--rounds", "1", "--warmup", "0", "--json", str(tmp_path / "d.json"),
-              "--plot", str(tmp_path / "d.png"), "--with-lookup", "--lookup-num-tokens", "6"])  # fmt: skip
+              "--plot", str(tmp_path / "d.png")])  # fmt: skip
     cost = json.loads((tmp_path / "d.json").read_text())
     assert cost["synthetic"] == [False, True] and cost["prefix_source"] == "random"  # no tokenizer: random ids
-    assert cost["lookup"]["lookup_num_tokens"] == 6 and len(cost["lookup_index_bytes"]) == 2
     assert cost["drafter"]["trained"] is False and (tmp_path / "d.png").is_file()
     assert "(synthetic)" in capsys.readouterr().out
 

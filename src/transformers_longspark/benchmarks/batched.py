@@ -16,7 +16,7 @@ from transformers import PreTrainedModel
 
 from ..inference.stats import tau
 from ..modeling_longspark import LongSparkDrafterModel
-from .common import generate_kwargs, machine_info, measure
+from .common import eos_token_ids, generate_kwargs, machine_info, measure, pad_token_id
 from .report import RANDOM_DRAFTER, _fmt, table
 from .settings import BatchedSettings
 
@@ -24,13 +24,13 @@ METHODS = ("plain", "longspark")
 
 
 def left_pad_batch(
-    prompts: Sequence[Sequence[int]], batch_size: int, pad_token_id: int, device: str | torch.device = "cpu"
+    prompts: Sequence[Sequence[int]], batch_size: int, pad_id: int, device: str | torch.device = "cpu"
 ) -> tuple[torch.LongTensor, torch.LongTensor]:
     """`(input_ids, attention_mask)`, both `(batch_size, longest)`: the first `batch_size` prompts (cycled), padded
     on the left."""
     rows = [list(prompts[i % len(prompts)]) for i in range(batch_size)]
     width = max(len(row) for row in rows)
-    input_ids = torch.full((batch_size, width), pad_token_id, dtype=torch.long)
+    input_ids = torch.full((batch_size, width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((batch_size, width), dtype=torch.long)
     for index, row in enumerate(rows):
         input_ids[index, width - len(row) :] = torch.tensor(row)
@@ -38,18 +38,13 @@ def left_pad_batch(
     return input_ids.to(device), attention_mask.to(device)
 
 
-def new_token_counts(new_ids: torch.LongTensor, eos_token_ids: Sequence[int]) -> list[int]:
+def new_token_counts(new_ids: torch.LongTensor, eos_ids: Sequence[int]) -> list[int]:
     """Tokens each row generated: up to and including its first EOS, else all of them (`(batch, new)` ids)."""
     counts = []
     for row in new_ids.tolist():
-        ends = [i for i, token in enumerate(row) if token in eos_token_ids]
+        ends = [i for i, token in enumerate(row) if token in eos_ids]
         counts.append(ends[0] + 1 if ends else len(row))
     return counts
-
-
-def _eos_token_ids(target: PreTrainedModel) -> list[int]:
-    eos = target.generation_config.eos_token_id
-    return [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [eos]
 
 
 def _measure_batch(target, drafter, input_ids, attention_mask, kwargs, settings: BatchedSettings, device):
@@ -76,45 +71,36 @@ def run_batched_benchmark(
     drafter_info: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Tokens/s of plain vs LongSpark batched `generate` for each workload of `prompts` (`{workload: [ids, ...]}`),
-    mode and batch size of `settings` (`BatchedSettings`, default `BatchedSettings()`): a batch of `b` takes the first
-    `b` prompts, cycled, left-padded to `(b, longest)`. `drafter_info`: what the report says of the drafter.
+    mode and batch size of `settings`: a batch of `b` takes the first `b` prompts, cycled, left-padded to
+    `(b, longest)`. `drafter_info`: what the report says of the drafter.
 
     Returns:
         `{"benchmark": "batched", "machine", "settings", "drafter", "rows": [{workload, mode, batch_size,
         prompt_tokens, plain_tokens_per_s, longspark_tokens_per_s, speedup, tau, greedy_identical, ...}]}`.
     """
     settings = settings or BatchedSettings()
-    modes, batch_sizes, pad_token_id = settings.modes, settings.batch_sizes, settings.pad_token_id
-    max_new_tokens = settings.max_new_tokens
-    device = next(target.parameters()).device
-    eos_token_ids = _eos_token_ids(target)
-    if pad_token_id is None:
-        pad = target.generation_config.pad_token_id
-        pad_token_id = pad if pad is not None else (eos_token_ids[0] if eos_token_ids else 0)
+    modes, batch_sizes, max_new_tokens = settings.modes, settings.batch_sizes, settings.max_new_tokens
+    device, eos = next(target.parameters()).device, eos_token_ids(target)
+    pad = pad_token_id(target, 0) if settings.pad_token_id is None else settings.pad_token_id
     rows = []
-    bar = tqdm(
-        total=len(prompts) * len(modes) * len(batch_sizes), desc="batched", unit="batch", disable=not settings.progress
-    )
+    total = len(prompts) * len(modes) * len(batch_sizes)
+    bar = tqdm(total=total, desc="batched", unit="batch", disable=not settings.progress)
     for workload, items in prompts.items():
         if not items:
             raise ValueError(f"Workload {workload!r} has no prompts.")
         for mode in modes:
-            kwargs = generate_kwargs(mode, max_new_tokens, settings.temperature, settings.ignore_eos, pad_token_id)
+            kwargs = generate_kwargs(mode, max_new_tokens, settings, pad)
             for batch_size in batch_sizes:
                 bar.set_postfix_str(f"{workload} {mode} batch {batch_size}")
-                input_ids, attention_mask = left_pad_batch(items, batch_size, pad_token_id, device)
+                input_ids, attention_mask = left_pad_batch(items, batch_size, pad, device)
                 seconds, outputs = _measure_batch(target, drafter, input_ids, attention_mask, kwargs, settings, device)
-                tokens = {m: sum(new_token_counts(outputs[m][:, input_ids.shape[1] :], eos_token_ids)) for m in METHODS}
+                tokens = {m: sum(new_token_counts(outputs[m][:, input_ids.shape[1] :], eos)) for m in METHODS}
                 rate = {m: tokens[m] / seconds[m] for m in METHODS}
                 stats = drafter.drafting_stats
                 identical = torch.equal(outputs["plain"], outputs["longspark"]) if mode == "greedy" else None
-                row = {
-                    "workload": workload,
-                    "mode": mode,
-                    "batch_size": batch_size,
-                    "prompt_tokens": int(attention_mask.sum(dim=1).max()),
-                    "padded_width": input_ids.shape[1],
-                }
+                prompt_tokens, width = int(attention_mask.sum(dim=1).max()), input_ids.shape[1]
+                row = dict(workload=workload, mode=mode, batch_size=batch_size, prompt_tokens=prompt_tokens,
+                           padded_width=width)  # fmt: skip
                 for field, values in (("seconds", seconds), ("new_tokens", tokens), ("tokens_per_s", rate)):
                     row.update({f"{m}_{field}": values[m] for m in METHODS})
                 row["speedup"] = rate["longspark"] / rate["plain"]
@@ -125,7 +111,7 @@ def run_batched_benchmark(
     bar.close()
     names = ("batch_sizes", "max_new_tokens", "modes", "temperature", "ignore_eos", "repeats", "warmup", "seed")
     report_settings = {name: getattr(settings, name) for name in names}
-    report_settings.update(batch_sizes=list(batch_sizes), modes=list(modes), pad_token_id=pad_token_id)
+    report_settings.update(batch_sizes=list(batch_sizes), modes=list(modes), pad_token_id=pad)
     report_settings["dtype"] = str(next(target.parameters()).dtype)
     report_settings["confidence_threshold"] = drafter.generation_config.assistant_confidence_threshold
     return {

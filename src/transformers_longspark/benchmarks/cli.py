@@ -77,23 +77,10 @@ RUN_OPTIONS: dict[str, dict[str, Any]] = {
                              "given): costs depend on shapes alone"),
     "prefix": dict(choices=["code", "random"], help="prefix tokens: Python stdlib code (needs the target's tokenizer; "
                    "the default when there is one) or seeded random ids"),
-    # Not `--lookup`: argparse would reject it as an ambiguous abbreviation of `--lookup-min-match` and
-    # `--lookup-num-tokens`.
-    "with_lookup": dict(action="store_true", help="also time the round with the lookup source on: per length, a "
-                        "seeded synthetic token history (random tokens with repeated stretches) is indexed, and each "
-                        "round adds --lookup-new-tokens fresh tokens to the index and queries it before drafting the "
-                        "block (the round's full cost); reports the index bytes per request"),
 }  # fmt: skip
 RUN = ("target", "drafter", "dtype", "device", "num_threads", "seed", "json", "quiet", "progress")
-PROMPTS = (
-    "markdown",
-    "workloads",
-    "num_short_prompts",
-    "short_sources",
-    "num_long_prompts",
-    "long_lengths",
-    "held_out",
-)
+PROMPTS = ("markdown", "workloads", "num_short_prompts", "short_sources", "num_long_prompts", "long_lengths",
+           "held_out")  # fmt: skip
 COSTS = ("synthetic_target", "plot", "markdown", "prefix_lengths", "prefill_chunk")
 # Each command: its help, the settings whose fields are its options, its options in --help order, other defaults.
 COMMANDS: dict[str, tuple[str, tuple[type, ...], tuple[str, ...], dict[str, Any]]] = {
@@ -101,8 +88,8 @@ COMMANDS: dict[str, tuple[str, tuple[type, ...], tuple[str, ...], dict[str, Any]
               (*RUN, *PROMPTS, "modes", "methods", "variants", "max_new_tokens", "temperature",
                "prompt_lookup_num_tokens", "ignore_eos", "warmup", "batch_sizes", "repeats"), {}),
     "drafting-cost": ("drafting time per round and context-state bytes vs prefix", (DraftingCostSettings,),
-                      (*RUN, *COSTS, "synthetic_prefix_lengths", "rounds", "warmup", "prefix", "allow_extrapolation",
-                       "with_lookup", "lookup_min_match", "lookup_num_tokens", "lookup_new_tokens"), {}),
+                      (*RUN, *COSTS, "synthetic_prefix_lengths", "rounds", "warmup", "prefix", "allow_extrapolation"),
+                      {}),
     "tau": ("held-out greedy tau and per-position acceptance of several drafters", (TauSettings,),
             (*RUN[:1], "drafters", *RUN[2:], *PROMPTS, "max_new_tokens", "whole_blocks", "drafter_alone", "by_length",
              "curve_plot"), {"num_long_prompts": 2, "long_lengths": [4096]}),

@@ -1,9 +1,8 @@
-"""What every benchmark shares: synced timing, medians of interleaved repeats, chunked prefill, machine info, JSON."""
+"""What every benchmark shares: synced timing, medians of interleaved repeats, chunked prefill, machine info."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import platform
 import statistics
@@ -59,15 +58,12 @@ def measure(
     prepare: Callable[[str], None] | None = None,
     progress: str | None = None,
 ) -> dict[str, Timings]:
-    """Times several calls interleaved: `warmup` untimed repeats, then `repeats` timed ones.
+    """`{name: Timings}` of several calls interleaved: `warmup` untimed repeats, then `repeats` timed ones.
 
     Each repeat runs every call once, the order rotated from repeat to repeat (A B, B A, ...), so that machine noise
     hits them alike. A call is a callable or a sequence of phases, each timed separately: the first phase takes no
     argument and each next phase gets the previous one's result. `prepare(name)`, untimed, runs before each call.
     `progress`, when given, labels a progress bar of the repeats on stderr.
-
-    Returns:
-        `{name: Timings}`; `timings[name].median_ms()` is the median over the timed repeats.
     """
     if repeats < 1 or warmup < 0:
         raise ValueError(f"Need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}.")
@@ -117,34 +113,28 @@ def time_forward_calls(model: torch.nn.Module, device: str | torch.device = "cpu
             handle.remove()
 
 
-@contextlib.contextmanager
-def count_forward_calls(model: torch.nn.Module) -> Iterator[list[int]]:
-    """Counts calls of `model`'s forward (a one-element list, updated in place) while the context is open."""
-    counter = [0]
-
-    def hook(module, args, output):
-        counter[0] += 1
-
-    handle = model.register_forward_hook(hook)
-    try:
-        yield counter
-    finally:
-        handle.remove()
-
-
-def generate_kwargs(
-    mode: str, max_new_tokens: int, temperature: float, ignore_eos: bool, pad_token_id: int | None
-) -> dict[str, Any]:
-    """`generate`'s decoding arguments: greedy, or (`mode == "sampled"`) plain temperature sampling, with no top-k /
-    top-p truncation; `ignore_eos` forces exactly `max_new_tokens` tokens."""
+def generate_kwargs(mode: str, max_new_tokens: int, settings, pad_token_id: int | None) -> dict[str, Any]:
+    """`generate`'s decoding arguments: greedy, or (`mode == "sampled"`) plain sampling at `settings.temperature`, with
+    no top-k / top-p truncation; `settings.ignore_eos` forces exactly `max_new_tokens` tokens."""
     kwargs: dict[str, Any] = dict(max_new_tokens=max_new_tokens, do_sample=mode == "sampled")
     if pad_token_id is not None:
         kwargs["pad_token_id"] = pad_token_id
     if mode == "sampled":
-        kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
-    if ignore_eos:
+        kwargs.update(temperature=settings.temperature, top_k=0, top_p=1.0)
+    if settings.ignore_eos:
         kwargs["min_new_tokens"] = max_new_tokens
     return kwargs
+
+
+def eos_token_ids(target: torch.nn.Module) -> list[int]:
+    eos = target.generation_config.eos_token_id
+    return [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [eos]
+
+
+def pad_token_id(target: torch.nn.Module, default: int | None = None) -> int | None:
+    """The target's pad id, else its first EOS id, else `default`."""
+    pad, eos = target.generation_config.pad_token_id, eos_token_ids(target)
+    return pad if pad is not None else eos[0] if eos else default
 
 
 _ABSENT = object()
@@ -202,19 +192,5 @@ def machine_info(device: str | torch.device = "cpu") -> dict[str, Any]:
     return info
 
 
-def write_json(path: str | os.PathLike, data: Any) -> Path:
-    """Writes `data` as indented JSON, creating the parent folders."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    return path
-
-
-def format_length(tokens: int) -> str:
-    """`8192 -> "8K"`, `131072 -> "128K"`, `1000 -> "1000"`: axis and table labels."""
-    return f"{tokens // 1024}K" if tokens % 1024 == 0 else str(tokens)
-
-
-__all__ = ["Timings", "count_forward_calls", "format_length", "generate_kwargs", "generation_config_fields",
-           "machine_info", "measure", "prefill", "synchronize", "time_forward_calls", "timed_call",
-           "write_json"]  # fmt: skip
+__all__ = ["Timings", "eos_token_ids", "generate_kwargs", "generation_config_fields", "machine_info", "measure",
+           "pad_token_id", "prefill", "synchronize", "time_forward_calls", "timed_call"]  # fmt: skip

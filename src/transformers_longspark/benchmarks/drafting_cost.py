@@ -1,5 +1,5 @@
-"""Per-round drafting cost and drafter context-state bytes vs prefix length: LongSpark vs the full-prefix baseline,
-and with the lookup source on (what is measured: `run_drafting_cost`).
+"""Per-round drafting cost and drafter context-state bytes vs prefix length: LongSpark vs the full-prefix baseline
+(what is measured: `run_drafting_cost`).
 
 Prefixes longer than the target's positions (e.g. 32K-128K for SmolLM2's 8K) use a *synthetic* cache
 (`synthetic_cache`): a drafting round reads nothing but the selected layers' K/V and the boundary state, and its cost
@@ -8,7 +8,6 @@ depends on shapes alone.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -20,21 +19,16 @@ from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 from ..configuration_longspark import LongSparkConfig
 from ..inference.generation import LongSparkCandidateGenerator, requests_after
 from ..modeling_longspark import LongSparkDrafterModel
-from .common import generation_config_fields, machine_info, measure, prefill, timed_call
+from .common import machine_info, measure, prefill, timed_call
 from .models import make_full_prefix_drafter
 from .settings import DraftingCostSettings
 
-DRAFTERS = ("longspark", "longspark_lookup", "full_prefix")
+DRAFTERS = ("longspark", "full_prefix")
 # Per-length fields: the report keeps one list per field (`prefix_lengths` for `prefix_length`) and a list of rows.
 ROW_FIELDS = ("prefix_length", "longspark_ms", "full_prefix_ms", "longspark_state_bytes", "full_prefix_state_bytes",
               "longspark_update_ms", "longspark_proposal_ms", "full_prefix_update_ms", "full_prefix_proposal_ms",
               "longspark_prefill_absorb_ms", "longspark_window_bytes", "full_prefix_state_bytes_formula", "synthetic",
               "longspark_ms_vs_shortest", "full_prefix_ms_vs_shortest")  # fmt: skip
-# With the lookup source on: the round with it, its cost over the lookup-off round's, the index per request.
-LOOKUP_ROW_FIELDS = ("longspark_lookup_ms", "longspark_lookup_update_ms", "longspark_lookup_proposal_ms",
-                     "longspark_lookup_ms_vs_shortest", "lookup_overhead_ms", "lookup_index_bytes",
-                     "lookup_prefill_index_ms", "lookup_hit_rounds")  # fmt: skip
-LOOKUP_HISTORY = "random ids in stretches of 8-64 tokens, 30% of them copies of earlier stretches (lookup_history)"
 NOTES = (
     "*_ms: median per drafting round (context update + proposal of one block); the LongSpark update folds "
     "B + 1 rows into the global summary. longspark_state_bytes: LongSparkContextState.nbytes (summary + "
@@ -43,12 +37,6 @@ NOTES = (
     "(longspark_window_bytes, fixed). Rows with synthetic=true use random K/V rows in the selected target "
     "layers only and random boundary states instead of a target prefill (positions may exceed "
     "max_position_embeddings: drafting cost depends on shapes alone)."
-)
-LOOKUP_NOTES = (
-    " longspark_lookup: the same drafter with its lookup source on; each round adds the round's new tokens (fresh "
-    "random ids) to the request's SuffixIndex, queries it and drafts the block on a miss (the round's full cost). "
-    "lookup_index_bytes: SuffixIndex.nbytes of a synthetic history of prefix + 1 tokens (grows with the prefix); "
-    "lookup_prefill_index_ms: indexing it, once per request; lookup_overhead_ms: longspark_lookup_ms - longspark_ms."
 )
 
 
@@ -93,80 +81,34 @@ def synthetic_cache(
     return cache
 
 
-def lookup_history(length: int, vocab_size: int, seed: int = 0, repeat_share: float = 0.3) -> list[int]:
-    """`length` seeded token ids with repeated stretches, as in code: stretches of 8-64 tokens, each either fresh
-    random ids or (with probability `repeat_share`) a copy of an earlier stretch of the history."""
-    rng = random.Random(seed)
-    tokens: list[int] = []
-    while len(tokens) < length:
-        size = rng.randint(8, 64)
-        if len(tokens) >= size and rng.random() < repeat_share:
-            start = rng.randrange(len(tokens) - size + 1)
-            tokens.extend(tokens[start : start + size])
-        else:
-            tokens.extend(rng.randrange(vocab_size) for _ in range(size))
-    return tokens[:length]
-
-
-def _generators(target, drafters, input_ids, lookup: bool = False) -> dict[str, LongSparkCandidateGenerator]:
+def _generators(target, drafters, input_ids) -> dict[str, LongSparkCandidateGenerator]:
     """One candidate generator per drafter, built as `generate` builds it, drafting whole blocks every round with the
-    lookup source off; with `lookup`, one more (`longspark_lookup`) with the drafter's lookup source on."""
+    lookup source off."""
     block = drafters["longspark"].config.block_size
     generation_config = GenerationConfig(do_sample=False, max_length=input_ids.shape[1] + 2 * block + 1)
-    gens = {
-        name: LongSparkCandidateGenerator(target, drafter, input_ids, generation_config, None)
-        for name, drafter in drafters.items()
-    }
-    for gen in gens.values():
+    gens = {}
+    for name, drafter in drafters.items():
+        gen = gens[name] = LongSparkCandidateGenerator(target, drafter, input_ids, generation_config, None)
         gen.planner.lookup = None
-    if lookup:
-        gens["longspark_lookup"] = LongSparkCandidateGenerator(
-            target, drafters["longspark"], input_ids, generation_config, None
-        )
-    for gen in gens.values():  # a dynamic block length would time fewer tokens than `B`
+        # a dynamic block length would time fewer tokens than `B`
         gen.session.settings = replace(gen.session.settings, token_threshold=0.0, block_threshold=0.0)
     return gens
 
 
 class _Prefix:
-    """One prefix length's cache, candidate generators (hooks already removed), prompt ids and lookup rounds."""
+    """One prefix length's cache, candidate generators (hooks already removed) and prompt ids."""
 
     def __init__(self, length: int, cache, gens: dict[str, LongSparkCandidateGenerator], input_ids, synthetic: bool):
         self.length, self.cache, self.gens, self.input_ids, self.synthetic = length, cache, gens, input_ids, synthetic
-        self.lookup_ids: torch.LongTensor | None = None
         for gen in gens.values():  # keep the states captured at this prefill: later prefills must not overwrite them
             gen.session.capture.remove()
 
-    def add_lookup(self, vocab_size: int, seed: int, new_tokens: int, num_rounds: int) -> None:
-        """Indexes a synthetic history of `length + 1` tokens (the ids when the first round runs) in the lookup
-        generator's index (`prefill_index_ms`, `index_bytes`); each of its rounds then ends `new_tokens` fresh random
-        ids further (`next_lookup_ids`), which its `plan_round` adds to the index before querying it, as after a
-        verification (the query misses: the drafter still drafts, the round's full cost)."""
-        rng = random.Random(seed + 1)
-        round_tokens = [rng.randrange(vocab_size) for _ in range(new_tokens * num_rounds)]
-        history = lookup_history(self.length + 1, vocab_size, seed)
-        gen = self.gens["longspark_lookup"]
-        seconds, _ = timed_call(gen.planner.lookup.extend, history)
-        self.prefill_index_ms, self.index_bytes = 1000.0 * seconds, gen.planner.lookup.nbytes
-        self.lookup_ids = torch.tensor([history + round_tokens], device=gen.session.drafter.device)
-        self.lookup_length, self.new_tokens = len(history), new_tokens
-
-    def next_lookup_ids(self) -> torch.LongTensor:
-        self.lookup_length += self.new_tokens
-        if self.lookup_length > self.lookup_ids.shape[1]:
-            raise RuntimeError(f"More lookup rounds than the {self.lookup_ids.shape[1]} tokens planned for.")
-        return self.lookup_ids[:, : self.lookup_length]
-
     def phases(self, name: str) -> tuple[Callable, Callable]:
-        """The two timed phases of one round: the context update, then the proposal, a whole block after the prefix
-        ids, or for `longspark_lookup` the real round's (`max_proposal_tokens` at most) after the next round's ids."""
+        """The two timed phases of one round: the context update, then the proposal of a whole block."""
         gen = self.gens[name]
 
         def propose(context):
-            if name == "longspark_lookup":
-                requests = requests_after(self.next_lookup_ids(), gen.session.settings.max_proposal_tokens)
-            else:
-                requests = requests_after(self.input_ids, gen.session.config.block_size)
+            requests = requests_after(self.input_ids, gen.session.config.block_size)
             return gen.session.draft_round(requests, [gen.planner], lambda: context)
 
         return (lambda: gen.update_context(self.cache, self.length, 0)), propose
@@ -194,11 +136,6 @@ class _Prefix:
         row["longspark_window_bytes"] = _nbytes(ours.window_keys + ours.window_values)
         kv_dtype = full.window_keys[0].dtype if full.window_keys else torch.float32
         row["full_prefix_state_bytes_formula"] = full_prefix_state_bytes(config, length, kv_dtype)
-        if self.lookup_ids is not None:
-            row["lookup_overhead_ms"] = row["longspark_lookup_ms"] - row["longspark_ms"]
-            row["lookup_index_bytes"] = self.index_bytes
-            row["lookup_prefill_index_ms"] = self.prefill_index_ms
-            row["lookup_hit_rounds"] = gens["longspark_lookup"].stats.lookup_rounds
         return row
 
 
@@ -225,9 +162,8 @@ def _time_all(prefixes: Sequence[_Prefix], rounds: int, warmup: int, device, pro
     timings = measure(calls, rounds, warmup, device=device, prepare=prepare, progress=progress)
     rows = [prefix.row(timings, device) for prefix in prefixes]
     shortest = min(rows, key=lambda row: row["prefix_length"], default={})
-    for name in (name for name in DRAFTERS if f"{name}_ms" in shortest):
-        for row in rows:
-            row[f"{name}_ms_vs_shortest"] = row[f"{name}_ms"] / shortest[f"{name}_ms"]
+    for name, row in ((name, row) for name in DRAFTERS for row in rows):
+        row[f"{name}_ms_vs_shortest"] = row[f"{name}_ms"] / shortest[f"{name}_ms"]
     return rows
 
 
@@ -258,33 +194,26 @@ def run_drafting_cost(
 ) -> dict[str, Any]:
     """Per-round drafting time and persistent context-state bytes of LongSpark and the full-prefix baseline.
 
-    For each prefix length `t` of `settings` (`DraftingCostSettings`, default `DraftingCostSettings()`): the target
-    prefills `t` tokens (`prefix_ids`, at least the longest prefix + 1 ids, else seeded random ids) into a
-    DynamicCache once; then one `LongSparkCandidateGenerator` per drafter, built as `generate` builds it, runs
-    `warmup + rounds` drafting rounds on that cache (context update, then proposal of one block of `B` greedy tokens),
-    all lengths and drafters interleaved in one loop. Each LongSpark round folds `B + 1` rows into the global summary,
-    as a round that accepts a whole block does. Times are medians over the measured rounds.
-
-    Prefixes beyond the target's `max_position_embeddings` are skipped (`skipped`) unless `allow_extrapolation`;
-    `synthetic_prefix_lengths` run on a `synthetic_cache` at any length. With `lookup_min_match > 0`, a third
-    generator, `longspark_lookup`, runs the real round with the lookup source on (`_Prefix.add_lookup`): each round adds
-    `lookup_new_tokens` fresh tokens to its index, queries it and drafts the block on a miss.
+    For each prefix length `t` of `settings`: the target prefills `t` tokens (`prefix_ids`, at least the longest
+    prefix + 1 ids, else seeded random ids) into a DynamicCache once; then one `LongSparkCandidateGenerator` per
+    drafter, built as `generate` builds it, runs `warmup + rounds` drafting rounds on that cache (context update, then
+    proposal of one block of `B` greedy tokens), all lengths and drafters interleaved in one loop. Each LongSpark round
+    folds `B + 1` rows into the global summary, as a round that accepts a whole block does. Times are medians over the
+    measured rounds. Prefixes beyond the target's `max_position_embeddings` are skipped (`skipped`) unless
+    `allow_extrapolation`; `synthetic_prefix_lengths` run on a `synthetic_cache` at any length.
 
     Returns:
-        One list per field of `ROW_FIELDS` (and with lookup `LOOKUP_ROW_FIELDS`; what each holds: `NOTES`), the same
-        as `rows` (one dict per length), `round_cost_ratio` (longest over shortest prefix, per drafter) and metadata.
+        One list per field of `ROW_FIELDS` (what each holds: `NOTES`), the same as `rows` (one dict per length),
+        `round_cost_ratio` (longest over shortest prefix, per drafter) and metadata.
     """
     settings = settings or DraftingCostSettings()
     rounds, warmup, seed = settings.rounds, settings.warmup, settings.seed
-    config, lookup = drafter.config, settings.lookup_fields()
-    block = config.block_size
-    new_tokens = block + 1 if settings.lookup_new_tokens is None else settings.lookup_new_tokens
+    config, block = drafter.config, drafter.config.block_size
     text_config = target.config.get_text_config()
     max_positions, vocab = text_config.max_position_embeddings, text_config.vocab_size
     rope = dict(getattr(text_config, "rope_parameters", None) or {})
-    lengths, skipped = _usable_lengths(
-        settings.prefix_lengths, block, max_positions, rope, settings.allow_extrapolation
-    )
+    extrapolate = settings.allow_extrapolation
+    lengths, skipped = _usable_lengths(settings.prefix_lengths, block, max_positions, rope, extrapolate)
     synthetic_lengths, synthetic_skipped = _usable_lengths(settings.synthetic_prefix_lengths, block, 0, rope, True)
     skipped += [{**skip, "synthetic": True} for skip in synthetic_skipped]
     device, dtype = next(target.parameters()).device, next(target.parameters()).dtype
@@ -297,36 +226,31 @@ def run_drafting_cost(
             raise ValueError(f"prefix_ids has {tokens.numel()} tokens; the longest prefix needs {max(lengths) + 1}.")
     drafters = {"longspark": drafter, "full_prefix": make_full_prefix_drafter(drafter)}
     prefixes = []
-    with torch.no_grad(), generation_config_fields(drafter, lookup):
+    with torch.no_grad():
         for length in tqdm(lengths, desc="prefill", unit="prefix", disable=not settings.progress):
             input_ids = tokens[: length + 1].to(device)[None]
-            gens = _generators(target, drafters, input_ids, bool(lookup))  # all capture the prefill's boundary states
+            gens = _generators(target, drafters, input_ids)  # all capture the prefill's boundary states
             cache = prefill(target, input_ids[:, :length], settings.prefill_chunk)
             prefixes.append(_Prefix(length, cache, gens, input_ids, synthetic=False))
         for length in synthetic_lengths:
             input_ids = torch.randint(0, vocab, (1, length + 1), generator=generator).to(device)
-            gens = _generators(target, drafters, input_ids, bool(lookup))
+            gens = _generators(target, drafters, input_ids)
             cache = synthetic_cache(target, config.target_layer_ids, length, seed)
             for slot in range(len(config.target_layer_ids)):
                 state = torch.randn(1, block + 1, text_config.hidden_size, device=device, dtype=dtype)
                 for gen in gens.values():
                     gen.session.capture.states[slot] = state
             prefixes.append(_Prefix(length, cache, gens, input_ids, synthetic=True))
-        if lookup:
-            for prefix in tqdm(prefixes, desc="lookup index", unit="prefix", disable=not settings.progress):
-                prefix.add_lookup(vocab, seed + prefix.length, new_tokens, warmup + rounds)
         rows = _time_all(prefixes, rounds, warmup, device, "drafting rounds" if settings.progress else None)
     del prefixes
 
-    fields = ROW_FIELDS + (LOOKUP_ROW_FIELDS if lookup else ())
-    result: dict[str, Any] = {"prefix_lengths" if f == "prefix_length" else f: [row[f] for row in rows] for f in fields}
+    result: dict[str, Any] = {"prefix_lengths" if f == "prefix_length" else f: [r[f] for r in rows] for f in ROW_FIELDS}
     longest = max(rows, key=lambda row: row["prefix_length"], default=None)
     ratio = longest and {"lengths": [min(row["prefix_length"] for row in rows), longest["prefix_length"]]}
-    for name in (name for name in DRAFTERS if ratio and f"{name}_ms_vs_shortest" in longest):
+    for name in DRAFTERS if ratio else ():
         ratio[name] = longest[f"{name}_ms_vs_shortest"]  # e.g. 128K / 512
     result.update(
         round_cost_ratio=ratio,
-        lookup={**lookup, "new_tokens_per_round": new_tokens, "history": LOOKUP_HISTORY} if lookup else None,
         benchmark="drafting-cost",
         rows=rows,
         synthetic_prefix_lengths=synthetic_lengths,
@@ -341,11 +265,10 @@ def run_drafting_cost(
         num_summary_queries=config.num_summary_queries,
         num_draft_layers=config.num_draft_layers,
         dtype=str(next(drafter.parameters()).dtype),
-        notes=NOTES + (LOOKUP_NOTES if lookup else ""),
+        notes=NOTES,
         machine=machine_info(device),
     )
     return result
 
 
-__all__ = ["LOOKUP_ROW_FIELDS", "SelectedLayersCache", "full_prefix_state_bytes", "lookup_history",
-           "run_drafting_cost", "synthetic_cache"]  # fmt: skip
+__all__ = ["SelectedLayersCache", "full_prefix_state_bytes", "run_drafting_cost", "synthetic_cache"]

@@ -8,8 +8,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .common import format_length
-
 RANDOM_DRAFTER = "**The drafter is RANDOM (untrained): its tau and speedups are not meaningful.**"
 
 
@@ -17,6 +15,11 @@ def table(header: Sequence[str], rows: Iterable[Sequence[str]], align: str) -> l
     """The lines of a Markdown table: `header`, the separator (`align`: `l` or `r` per column), then `rows`."""
     separator = "|" + "".join("---:|" if side == "r" else "---|" for side in align)
     return [f"| {' | '.join(header)} |", separator, *(f"| {' | '.join(cells)} |" for cells in rows)]
+
+
+def format_length(tokens: int) -> str:
+    """`8192 -> "8K"`, `131072 -> "128K"`, `1000 -> "1000"`: axis and table labels."""
+    return f"{tokens // 1024}K" if tokens % 1024 == 0 else str(tokens)
 
 
 def _fmt(value: Any, spec: str, suffix: str = "") -> str:
@@ -99,25 +102,17 @@ def format_markdown(report: Mapping[str, Any]) -> str:
 
 
 def format_drafting_cost(result: Mapping[str, Any]) -> str:
-    """The drafting-cost report as a Markdown table, one row per prefix length (synthetic ones marked); with the
-    lookup source timed, its round and its index bytes per request too."""
-    lookup = "longspark_lookup_ms" in result
+    """The drafting-cost report as a Markdown table, one row per prefix length (synthetic ones marked)."""
     header = ["prefix", "LongSpark ms/round", "full-prefix ms/round", "LongSpark state", "full-prefix state"]
-    header += ["LongSpark + lookup ms/round", "lookup index / request", "lookup hits"] if lookup else []
     synthetic = result.get("synthetic") or [False] * len(result["prefix_lengths"])
-    rows = []
-    for i, length in enumerate(result["prefix_lengths"]):
-        rows.append([f"{length}{' (synthetic)' if synthetic[i] else ''}", f"{result['longspark_ms'][i]:.2f}",
-                     f"{result['full_prefix_ms'][i]:.2f}", f"{result['longspark_state_bytes'][i] / 1024:.1f} KiB",
-                     f"{result['full_prefix_state_bytes'][i] / 2**20:.2f} MiB"])  # fmt: skip
-        if lookup:
-            rows[-1] += [f"{result['longspark_lookup_ms'][i]:.2f}",
-                         f"{result['lookup_index_bytes'][i] / 2**20:.2f} MiB",
-                         f"{result['lookup_hit_rounds'][i]}/{result['rounds'] + result['warmup']}"]  # fmt: skip
+    rows = [[f"{length}{' (synthetic)' if synthetic[i] else ''}", f"{result['longspark_ms'][i]:.2f}",
+             f"{result['full_prefix_ms'][i]:.2f}", f"{result['longspark_state_bytes'][i] / 1024:.1f} KiB",
+             f"{result['full_prefix_state_bytes'][i] / 2**20:.2f} MiB"]
+            for i, length in enumerate(result["prefix_lengths"])]  # fmt: skip
     lines = table(header, rows, "r" * len(header))
     ratio = result.get("round_cost_ratio")
-    if ratio:  # e.g. "Round cost 128K / 512 (...): LongSpark 1.00x, LongSpark + lookup 1.01x, full-prefix 42.0x"
-        names = {"longspark": "LongSpark", "longspark_lookup": "LongSpark + lookup", "full_prefix": "full-prefix"}
+    if ratio:  # e.g. "Round cost 128K / 512 (...): LongSpark 1.00x, full-prefix 42.0x"
+        names = {"longspark": "LongSpark", "full_prefix": "full-prefix"}
         parts = [f"{label} {ratio[name]:.2f}x" for name, label in names.items() if ratio.get(name) is not None]
         shortest, longest = (format_length(length) for length in ratio["lengths"])
         lines.append(
@@ -126,15 +121,6 @@ def format_drafting_cost(result: Mapping[str, Any]) -> str:
     lines += [f"\nskipped {skip['prefix_length']}: {skip['reason']}" for skip in result.get("skipped", [])]
     if any(synthetic):
         lines.append("\n(synthetic): random K/V in the selected target layers and random boundary states.")
-    if lookup:
-        settings = result.get("lookup") or {}
-        num_tokens, new_tokens = settings.get("lookup_num_tokens", "block size"), settings.get("new_tokens_per_round")
-        lines.append(
-            f"\nLongSpark + lookup: lookup_min_match={settings.get('lookup_min_match')}, lookup_num_tokens="
-            f"{num_tokens}; each round adds {new_tokens} fresh tokens to the request's SuffixIndex, queries it and "
-            "drafts the block on a miss (lookup hits: rounds that proposed the continuation instead). The index holds "
-            f"a synthetic history of the prefix's length: {settings.get('history')}."
-        )
     return "\n".join(lines) + "\n"
 
 
@@ -202,24 +188,19 @@ DRAFTING_COST_CURVES = (
     ("longspark", "LongSpark (window + summary)", "longspark_state_bytes", dict(marker="o", color="tab:blue")),
     ("full_prefix", "full-prefix drafter", "full_prefix_state_bytes",
      dict(marker="s", color="tab:red", linestyle="--")),
-    ("longspark_lookup", "LongSpark + lookup (index per request)", "lookup_index_bytes",
-     dict(marker="^", color="tab:green", linestyle="-.")),
 )  # fmt: skip
 
 
 def plot_drafting_cost(result: Mapping[str, Any], path: str | os.PathLike) -> Path:
     """Two panels, like the paper's Figure 1 (left): (a) drafting time per round and (b) drafter context-state
-    memory (log scale) vs prefix length (log scale), LongSpark vs the full-prefix baseline (and, when timed, the round
-    with the lookup source and its index per request). Synthetic-cache lengths are drawn dotted with hollow markers on
-    a shaded range. Writes `path` (PNG, PDF, ...)."""
+    memory (log scale) vs prefix length (log scale), LongSpark vs the full-prefix baseline. Synthetic-cache lengths are
+    drawn dotted with hollow markers on a shaded range. Writes `path` (PNG, PDF, ...)."""
     lengths = result["prefix_lengths"]
     synthetic = result.get("synthetic") or [False] * len(lengths)
     plt, fig, (time_ax, mem_ax) = two_panels()
     real = [i for i, s in enumerate(synthetic) if not s]
     fake = [i for i, s in enumerate(synthetic) if s]
     for name, label, bytes_field, style in DRAFTING_COST_CURVES:
-        if f"{name}_ms" not in result:
-            continue
         mebibytes = [b / 2**20 for b in result[bytes_field]]
         for ax, values in ((time_ax, result[f"{name}_ms"]), (mem_ax, mebibytes)):
             if real:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -16,7 +17,6 @@ import transformers_longspark
 from .. import loading
 from .batched import format_batched, run_batched_benchmark
 from .cli import parse_variants
-from .common import write_json
 from .drafting_cost import run_drafting_cost
 from .memory import run_memory_benchmark
 from .models import build_random_drafter, build_synthetic_target
@@ -57,11 +57,8 @@ def _target_name(args: argparse.Namespace) -> str:
     return args.target or "smollm2"
 
 
-def _load_drafter(args: argparse.Namespace, target):
-    return _load_drafter_from(args, target, args.drafter)
-
-
-def _load_drafter_from(args: argparse.Namespace, target, path):
+def _load_drafter(args: argparse.Namespace, target, path):
+    """`(drafter, info)`: the drafter at `path` (None: the default one; a random one for a synthetic target)."""
     if getattr(args, "synthetic_target", None) and not path:
         drafter = build_random_drafter(target, args.seed)
         return drafter, {"path": None, "trained": False, "seed": args.seed, "synthetic_target": args.synthetic_target}
@@ -73,10 +70,10 @@ def _write_outputs(args, result: dict[str, Any], format: Callable, plot: Callabl
     result.update(fields)
     table = format(result)
     print(table)
-    if args.json:
-        write_json(args.json, {**result, "command": getattr(args, "command_line", None)})
+    if args.json:  # `cli.check_paths` made its folder
+        report = {**result, "command": getattr(args, "command_line", None)}
+        args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     if getattr(args, "markdown", None):
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(table, encoding="utf-8")
     if plot is not None and getattr(args, "plot", None):
         plot(result, args.plot)
@@ -84,10 +81,9 @@ def _write_outputs(args, result: dict[str, Any], format: Callable, plot: Callabl
 
 
 def _run_drafting_cost(args: argparse.Namespace) -> dict[str, Any]:
-    lookup_min_match = args.lookup_min_match if args.with_lookup else 0
-    settings = DraftingCostSettings.from_args(args, lookup_min_match=lookup_min_match)
+    settings = DraftingCostSettings.from_args(args)
     target, tokenizer = _load_target(args)
-    drafter, drafter_info = _load_drafter(args, target)
+    drafter, drafter_info = _load_drafter(args, target, args.drafter)
     prefix_ids = None
     if (args.prefix or ("code" if tokenizer is not None else "random")) == "code":
         if tokenizer is None:
@@ -143,7 +139,7 @@ def _run_tau(args: argparse.Namespace) -> dict[str, Any]:
             drafters[name] = fresh_drafter(source, target, args.seed)
             infos[name] = {"path": None, "trained": False, "fresh": source, "seed": args.seed}
         else:
-            drafters[name], infos[name] = _load_drafter_from(args, target, source or None)
+            drafters[name], infos[name] = _load_drafter(args, target, source or None)
     block_size = max(drafter.config.block_size for drafter in drafters.values())
     prompts = _load_prompts(args, target, tokenizer, args.num_short_prompts, block_size)
     result = run_tau_benchmark(target, drafters, prompts, settings)
@@ -160,7 +156,7 @@ def _run_speed(args: argparse.Namespace) -> dict[str, Any]:
     else:
         settings = SpeedSettings.from_args(args, variants=variants)
     target, tokenizer = _load_target(args)
-    drafter, drafter_info = _load_drafter(args, target)
+    drafter, drafter_info = _load_drafter(args, target, args.drafter)
     if tokenizer is None:
         raise ValueError("The speed benchmark builds its prompts with the target's tokenizer; none was found.")
     num_short = max([args.num_short_prompts, *(args.batch_sizes or [])])

@@ -39,9 +39,6 @@ DRAFTER_METHODS: dict[str, dict[str, Any]] = {
 }
 # The drafter attributes a variant may set besides its generation config, with what they are outside one.
 DRAFTER_SWITCHES = {"fast_verification": True, "packed_weights": True, "linear_dtype": "auto"}
-# drafting_cost.py --with-lookup: the lookup source's settings.
-DEFAULT_LOOKUP_MIN_MATCH = 2
-DEFAULT_LOOKUP_NUM_TOKENS = 10
 
 # prompts.py
 DEFAULT_LONG_LENGTHS = (2048, 4096, 8192)
@@ -249,8 +246,7 @@ class BatchedSettings(Settings):
 @dataclass(frozen=True, kw_only=True)
 class DraftingCostSettings(Settings):
     """`run_drafting_cost`'s settings (what each measures: its docstring). The Python defaults time no synthetic
-    prefix and leave the lookup source off (`lookup_min_match=0`); `lookup_num_tokens=None` keeps the drafter's own,
-    `lookup_new_tokens=None` commits `block_size + 1` tokens per round."""
+    prefix."""
 
     prefix_lengths: tuple[int, ...] = option((512, 1024, 2048, 4096, 8192), "prefix lengths in tokens")
     prefill_chunk: int = option(1024, "tokens per prefill forward", minimum=1)
@@ -264,34 +260,6 @@ class DraftingCostSettings(Settings):
     rounds: int = option(20, "measured rounds per length (median)", minimum=1)
     warmup: int = option(3, "untimed rounds per length first", minimum=0)
     allow_extrapolation: bool = option(False, "also time prefixes beyond max_position_embeddings")
-    lookup_min_match: int = option(
-        0,
-        "--with-lookup: the lookup source proposes where the request's last N (or more) tokens occurred before (the "
-        f"drafter's generation_config.lookup_min_match; default {DEFAULT_LOOKUP_MIN_MATCH})",
-        minimum=0,
-        cli=DEFAULT_LOOKUP_MIN_MATCH,
-    )
-    lookup_num_tokens: int | None = option(
-        None,
-        "--with-lookup: tokens the lookup continuation proposes (generation_config.lookup_num_tokens; default "
-        f"{DEFAULT_LOOKUP_NUM_TOKENS})",
-        minimum=1,
-        cli=DEFAULT_LOOKUP_NUM_TOKENS,
-    )
-    lookup_new_tokens: int | None = option(
-        None,
-        "--with-lookup: tokens committed per round, added to the index before each query (default: the block size + "
-        "1, what a round that accepts a whole block commits, as the timed summary update assumes)",
-        minimum=1,
-        type=int,
-    )
-
-    def lookup_fields(self) -> dict[str, int]:
-        """The drafter's generation-config fields that turn its lookup source on (none when `lookup_min_match` is 0)."""
-        if not self.lookup_min_match:
-            return {}
-        num_tokens = {} if self.lookup_num_tokens is None else {"lookup_num_tokens": self.lookup_num_tokens}
-        return {"lookup_min_match": self.lookup_min_match, **num_tokens}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -26,7 +26,14 @@ from ..inference.knobs import DraftingKnobs
 from ..inference.verification import fast_verification
 from ..modeling_longspark import LongSparkDrafterModel
 from ..packed_linear import drafter_linear_dtype
-from .common import generate_kwargs, generation_config_fields, machine_info, time_forward_calls, timed_call
+from .common import (
+    generate_kwargs,
+    generation_config_fields,
+    machine_info,
+    pad_token_id,
+    time_forward_calls,
+    timed_call,
+)
 from .models import make_full_prefix_drafter
 from .prompts import chat_prompt_ids
 from .settings import DRAFTER_METHODS, DRAFTER_SWITCHES, METHODS, PLAIN_METHODS, SpeedSettings
@@ -101,7 +108,7 @@ class _Runner:
     def decoding(self, method: str, mode: str, max_new_tokens: int, prompt_length: int) -> Iterator[dict[str, Any]]:
         """`generate`'s keyword arguments for one call of `method` in `mode`, inside the decoding path it runs on."""
         settings, target, path = self.settings, self.target, contextlib.nullcontext()
-        kwargs = generate_kwargs(mode, max_new_tokens, settings.temperature, settings.ignore_eos, self.pad_token_id)
+        kwargs = generate_kwargs(mode, max_new_tokens, settings, self.pad_token_id)
         if method in ("prompt_lookup", "prompt_lookup_fast"):
             kwargs["prompt_lookup_num_tokens"] = settings.prompt_lookup_num_tokens
         elif method in self.drafters:
@@ -193,7 +200,6 @@ def run_speed_benchmark(
         prompts: `{workload: [prompt, ...]}` or one list (workload `"prompts"`). A prompt is a dict with
             `input_ids` (and optional `name`/metadata) or `messages` (chat-templated with `tokenizer`), a
             string, a 1-D tensor `(t,)` or a list of token ids.
-        settings: modes, methods, variants, new tokens, ... (`SpeedSettings`; default `SpeedSettings()`).
         drafter_info: what the report says of the drafter (its folder, whether it is trained).
 
     Per prompt, the methods run back to back in an order rotated from prompt to prompt (A/B/A/B interleaving).
@@ -214,16 +220,12 @@ def run_speed_benchmark(
     drafters = {name: drafter for name in [*DRAFTER_METHODS, *variants] if name != "full_prefix"}
     if any("full_prefix" in names for names in per_mode.values()):
         drafters["full_prefix"] = make_full_prefix_drafter(drafter)
-    pad_token_id = target.generation_config.pad_token_id
-    if pad_token_id is None:
-        eos = target.generation_config.eos_token_id
-        pad_token_id = eos[0] if isinstance(eos, list) else eos
     longest = max(len(p["input_ids"]) for items in workloads.values() for p in items)
     static_cache_len = longest + max_new_tokens if device.type in AUTO_COMPILE_DEVICES else None
     methods_settings = {**DRAFTER_METHODS, **variants}
     calibration = calibration_for_generate(target, drafter)
     rows = {} if calibration is None else calibration.fast_path_rows
-    runner = _Runner(target, device, drafters, methods_settings, pad_token_id, settings, static_cache_len, rows)
+    runner = _Runner(target, device, drafters, methods_settings, pad_token_id(target), settings, static_cache_len, rows)
 
     num_runs = sum(len(items) * len(per_mode[mode]) for items in workloads.values() for mode in modes)
     num_warmups = sum(len(per_mode[mode]) for mode in modes) if settings.warmup else 0
@@ -265,9 +267,7 @@ def run_speed_benchmark(
             "prompt_lookup_num_tokens": settings.prompt_lookup_num_tokens,
             "variants": {name: _json_settings(changed) for name, changed in variants.items()},
             "static_cache_len": static_cache_len or "per call",
-            "ignore_eos": settings.ignore_eos,
-            "warmup": settings.warmup,
-            "seed": seed,
+            **{name: getattr(settings, name) for name in ("ignore_eos", "warmup", "seed")},
             "dtype": str(next(target.parameters()).dtype),
             "target": getattr(target.config, "_name_or_path", "") or type(target).__name__,
         },

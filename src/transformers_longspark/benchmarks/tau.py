@@ -23,6 +23,7 @@ from ..inference.stats import DraftingStats, tau
 from .common import machine_info
 from .report import _fmt, finish, table, two_panels
 from .settings import TauSettings
+from .speed_summary import merge_histograms
 
 FRESH_DRAFTERS = ("warm-start", "random")
 
@@ -76,7 +77,7 @@ def run_tau_benchmark(
             costs = calibrated(target, drafter).costs
             for field, value in settings.drafter_fields().items():
                 setattr(drafter.generation_config, field, value)
-            total, new_tokens, cost_steps, outputs[name] = DraftingStats(), 0, 0.0, []
+            rounds, new_tokens, cost_steps, histograms, outputs[name] = 0, 0, 0.0, [], []
             for prompt in items:
                 ids = torch.tensor([prompt["input_ids"]], device=device)
                 out = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=drafter, **greedy)
@@ -84,21 +85,22 @@ def run_tau_benchmark(
                 new_tokens += out.shape[1] - ids.shape[1]
                 stats = drafter.drafting_stats
                 cost_steps += round_cost_steps(stats, costs, ids.shape[1])
-                total.rounds += stats.rounds
-                total.record_accepted([k for k, count in enumerate(stats.accepted_histogram) for _ in range(count)])
+                rounds += stats.rounds
+                histograms.append(stats.accepted_histogram)
                 bar.update(1)
+            histogram = merge_histograms(histograms)
             workload_rows.append(
                 {
                     "workload": workload,
                     "drafter": name,
                     "prompts": len(items),
                     "new_tokens": new_tokens,
-                    "rounds": total.rounds,
-                    "tau": tau(new_tokens, total.rounds, len(items)) if total.rounds else None,
+                    "rounds": rounds,
+                    "tau": tau(new_tokens, rounds, len(items)) if rounds else None,
                     "tokens_per_step": (new_tokens - len(items)) / cost_steps if cost_steps else None,
                     "costs": dataclasses.asdict(costs),
-                    "acceptance_rates": total.acceptance_rates(),
-                    "accepted_histogram": total.accepted_histogram,
+                    "acceptance_rates": DraftingStats(accepted_histogram=histogram).acceptance_rates(),
+                    "accepted_histogram": histogram,
                 }
             )
         reference = next(iter(outputs.values()))

@@ -72,12 +72,12 @@ def _time_forwards(
 def run_verify_cost(target: PreTrainedModel, settings: VerifyCostSettings | None = None) -> dict[str, Any]:
     """Milliseconds of one cached target forward of `k` tokens after `t` cached rows, stock vs fast path.
 
-    For each prefix length `t` of `settings` (`VerifyCostSettings`, default `VerifyCostSettings()`): seeded random ids
-    are prefilled once (stock, `prefill_chunk` tokens per forward) into a `DynamicCache`, whose rows are copied into a
-    reserved-rows cache for the fast path. Then for each `k` in `num_tokens`, `forward(k tokens)` (logits of all `k`,
-    as verification computes them) is timed on each path, interleaved per repeat; before each forward, untimed,
-    `cache.crop(-k)` drops the previous forward's rows, as assisted decoding does after a rejection. Times are medians
-    of `repeats` forwards after `warmup` untimed ones. Positions past `max_position_embeddings` are used as they come.
+    For each prefix length `t` of `settings`: seeded random ids are prefilled once (stock, `prefill_chunk` tokens
+    per forward) into a `DynamicCache`, whose rows are copied into a reserved-rows cache for the fast path. Then for
+    each `k` in `num_tokens`, `forward(k tokens)` (logits of all `k`, as verification computes them) is timed on
+    each path, interleaved per repeat; before each forward, untimed, `cache.crop(-k)` drops the previous forward's
+    rows, as assisted decoding does after a rejection. Times are medians of `repeats` forwards after `warmup`
+    untimed ones. Positions past `max_position_embeddings` are used as they come.
 
     Returns:
         `prefix_lengths`, `num_tokens`, `stock_ms` and `longspark_ms` (`[prefix][k]` median ms),
@@ -97,11 +97,9 @@ def run_verify_cost(target: PreTrainedModel, settings: VerifyCostSettings | None
         )
     device = next(target.parameters()).device
     generator = torch.Generator().manual_seed(settings.seed)
-    result: dict[str, Any] = dict(
-        prefix_lengths=lengths, num_tokens=counts, stock_ms=[], longspark_ms=[], prefill_ms=[]
-    )
     blas_max_rows = measure_blas_max_rows(target) if device.type == "cpu" else 1
-    result["blas_max_rows"] = blas_max_rows
+    result: dict[str, Any] = dict(prefix_lengths=lengths, num_tokens=counts, stock_ms=[], longspark_ms=[],
+                                  prefill_ms=[], blas_max_rows=blas_max_rows)  # fmt: skip
     with torch.no_grad():
         for length in tqdm(lengths, desc="verify-cost", unit="prefix", disable=not progress):
             ids = torch.randint(0, config.vocab_size, (1, length + max(counts)), generator=generator).to(device)
