@@ -14,7 +14,11 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCau
 from transformers.generation import utils as generation_utils
 from transformers.generation.logits_process import LogitsProcessor
 
-from transformers_longspark import LongSparkConfig, LongSparkDrafterModel  # also installs the generate() hook
+from transformers_longspark import (  # also installs the generate() hook
+    LongSparkConfig,
+    LongSparkDrafterModel,
+    packed_linear,
+)
 from transformers_longspark.training.run import TrainingConfig
 
 # vLLM runs in its own environment (`scripts/install_vllm.sh` makes `.venv-vllm/`; `LONGSPARK_VLLM_PYTHON` points
@@ -247,3 +251,23 @@ def pack_blocks(keys: torch.Tensor, values: torch.Tensor, layout: str, block_siz
                         k_at, v_at = d * block_size + t, t * head_dim + d
                     flat[b, h, 0, k_at], flat[b, h, 1, v_at] = k[t, d], v[t, d]
     return blocks
+
+
+# --- packed linear layers (`test_packed_linear*.py`) ---------------------------------------------------------------
+
+
+def layer(in_features: int = 24, out_features: int = 40, bias: bool = True, seed: int = 0) -> torch.nn.Linear:
+    torch.manual_seed(seed)
+    return torch.nn.Linear(in_features, out_features, bias=bias).eval()
+
+
+def was_packed(module: torch.nn.Linear) -> bool:
+    return packed_linear.packed_copy(module.weight) is not None
+
+
+def packed_weight_ids(dtype: torch.dtype | None = None) -> set[int]:
+    """Ids of the weights with a packed copy (alone or stacked with others: `fused_linears`), in `dtype` or any."""
+    entries = packed_linear._packed.items()
+    return {
+        i for (ids, key_dtype), (_, _, copy) in entries if copy is not None and dtype in (None, key_dtype) for i in ids
+    }
