@@ -11,7 +11,6 @@ from transformers import AttentionInterface
 from helpers import make_bigram_target, make_drafter, make_oracle_drafter, make_target
 from transformers_longspark.benchmarks import SpeedSettings, run_speed_benchmark
 from transformers_longspark.benchmarks.common import time_forward_calls
-from transformers_longspark.benchmarks.report import format_markdown
 from transformers_longspark.benchmarks.settings import (
     DEFAULT_METHODS,
     DRAFTER_METHODS,
@@ -20,7 +19,7 @@ from transformers_longspark.benchmarks.settings import (
     WHOLE_BLOCKS,
 )
 from transformers_longspark.benchmarks.speed import drafter_settings
-from transformers_longspark.benchmarks.speed_summary import METHOD_LABELS, add_speedups, summarize_runs
+from transformers_longspark.benchmarks.speed_summary import METHOD_LABELS, add_speedups, format_markdown, summarize_runs
 from transformers_longspark.inference.stats import DraftingStats, tau
 from transformers_longspark.inference.verification import (
     ATTENTION_NAME,
@@ -105,7 +104,7 @@ def speed_report():
         "short": [[5, 9, 28], torch.tensor([7, 1, 3, 7, 1])],
         "long": [{"name": "long-0", "input_ids": torch.randint(0, 64, (40,)).tolist()}],
     }
-    return run_speed_benchmark(target, None, drafter, prompts, SpeedSettings(max_new_tokens=10, variants=VARIANTS))
+    return run_speed_benchmark(target, drafter, prompts, SpeedSettings(max_new_tokens=10, variants=VARIANTS))
 
 
 def test_speed_report_fields(speed_report):
@@ -201,7 +200,7 @@ def test_lookup_variants_turn_the_lookup_source_on_and_off_and_restore_the_draft
     variants = {name: VARIANTS[name] for name in ("no_lookup", "lookup")}
     settings = SpeedSettings(max_new_tokens=40, modes=["greedy"], methods=list(variants), variants=variants,
                              warmup=False)  # fmt: skip
-    report = run_speed_benchmark(target, None, drafter, [[5, 9, 28, 5, 9, 28]], settings)
+    report = run_speed_benchmark(target, drafter, [[5, 9, 28, 5, 9, 28]], settings)
     greedy = report["workloads"]["prompts"]["greedy"]
     lookup, no_lookup = greedy["methods"]["lookup"], greedy["methods"]["no_lookup"]
     assert lookup["greedy_identical"] and no_lookup["greedy_identical"]
@@ -235,7 +234,7 @@ def test_bad_variants_are_refused_before_any_forward(variants, message):
     error = None
     with time_forward_calls(target) as calls:
         try:
-            run_speed_benchmark(target, None, drafter, [[5, 9]], SpeedSettings(max_new_tokens=2, variants=variants))
+            run_speed_benchmark(target, drafter, [[5, 9]], SpeedSettings(max_new_tokens=2, variants=variants))
         except ValueError as caught:
             error = caught
     assert error is not None and re.search(message, str(error)), error
@@ -263,7 +262,7 @@ def test_plain_static_sizes_its_cache_for_each_call():
     drafter = make_oracle_drafter(target, window_size=8, block_size=4)
     prompts = [list(range(1, 41)), [5, 9, 28, 5, 9]]  # the short prompt's static run comes last (rotated order)
     settings = SpeedSettings(max_new_tokens=6, modes=["greedy"], methods=["plain_static"])
-    report = run_speed_benchmark(target, None, drafter, prompts, settings)
+    report = run_speed_benchmark(target, drafter, prompts, settings)
     assert report["workloads"]["prompts"]["greedy"]["methods"]["plain_static"]["greedy_identical"]
     assert target._previous_max_cache_length == 5 + 6 - 1  # the last call's own length
     assert report["settings"]["static_cache_len"] == "per call"  # on CPU; one size for the run where it compiles
@@ -290,7 +289,7 @@ def test_each_method_verifies_on_its_own_path(method, monkeypatch):
     target = make_bigram_target("llama", vocab_size=64, seed=2)
     drafter = make_oracle_drafter(target, window_size=8, block_size=4)
     settings = SpeedSettings(max_new_tokens=6, modes=["greedy"], methods=[method], variants=VARIANTS, warmup=False)
-    report = run_speed_benchmark(target, None, drafter, [[5, 9, 28, 5, 9]], settings)
+    report = run_speed_benchmark(target, drafter, [[5, 9, 28, 5, 9]], settings)
     fast = method in ("longspark", "prompt_lookup_fast", "plain_fast")
     assert (calls["attention"] > 0, calls["reserved"] > 0) == (fast, fast)
     assert drafter.fast_verification  # restored after the stock-verification runs

@@ -13,7 +13,7 @@ from transformers_longspark import benchmarks
 from transformers_longspark.benchmarks import BatchedSettings, MemorySettings, memory, run_batched_benchmark, runners
 from transformers_longspark.benchmarks.batched import format_batched
 from transformers_longspark.benchmarks.cli import parse_variants
-from transformers_longspark.benchmarks.report import format_memory
+from transformers_longspark.benchmarks.memory import format_memory
 from transformers_longspark.inference.planning import RoundCosts
 from transformers_longspark.inference.stats import tau
 

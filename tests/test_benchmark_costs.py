@@ -19,18 +19,14 @@ from transformers_longspark.benchmarks import (
 from transformers_longspark.benchmarks.common import Timings, measure, prefill
 from transformers_longspark.benchmarks.drafting_cost import (
     _generators,
+    format_drafting_cost,
     full_prefix_state_bytes,
+    plot_drafting_cost,
     synthetic_cache,
 )
 from transformers_longspark.benchmarks.models import build_random_drafter, build_synthetic_target
-from transformers_longspark.benchmarks.report import (
-    format_drafting_cost,
-    format_verify_cost,
-    plot_drafting_cost,
-    plot_verify_cost,
-)
 from transformers_longspark.benchmarks.settings import SYNTHETIC_TARGETS
-from transformers_longspark.benchmarks.verify_cost import reserved_copy
+from transformers_longspark.benchmarks.verify_cost import format_verify_cost, plot_verify_cost, reserved_copy
 from transformers_longspark.inference.generation import requests_after
 from transformers_longspark.inference.verification import ReservedDynamicLayer
 

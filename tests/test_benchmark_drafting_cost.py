@@ -8,9 +8,8 @@ import torch
 
 from helpers import make_drafter, make_target
 from transformers_longspark.benchmarks import DraftingCostSettings, run_drafting_cost
-from transformers_longspark.benchmarks.drafting_cost import full_prefix_state_bytes
+from transformers_longspark.benchmarks.drafting_cost import full_prefix_state_bytes, plot_drafting_cost
 from transformers_longspark.benchmarks.models import make_full_prefix_drafter
-from transformers_longspark.benchmarks.report import plot_drafting_cost
 
 # --- drafting cost ------------------------------------------------------------------------------------------------
 

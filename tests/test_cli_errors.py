@@ -158,7 +158,7 @@ def no_model_loads(monkeypatch):
     monkeypatch.setattr("transformers_longspark.loading.load_target", load)
     monkeypatch.setattr("transformers_longspark.loading.load_drafter", load)
     monkeypatch.setattr("transformers_longspark.training.regenerate.run_regenerate", load)
-    monkeypatch.setattr("transformers_longspark.benchmarks.cli.run_memory_benchmark", load)
+    monkeypatch.setattr("transformers_longspark.benchmarks.runners.run_memory_benchmark", load)
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ and a `longspark bench` subcommand (what each measures: its module's docstring):
 * `run_tau_benchmark` (`bench tau`, `tau.py`): held-out greedy tau and per-position acceptance of several drafters;
 * `run_memory_benchmark` (`bench memory`, `memory.py`): peak RSS of plain vs assisted `generate`, fresh processes.
 
-The entry points are imported on first use through `cli` (its one lazy-import point), so that `longspark --help`
+The entry points are imported on first use (`cli.runners_module`, the one lazy-import point), so that `longspark --help`
 imports neither torch nor transformers; everything else lives in its submodule.
 """
 
@@ -33,7 +33,7 @@ ENTRY_POINTS = ("run_batched_benchmark", "run_drafting_cost", "run_memory_benchm
 
 def __getattr__(name: str) -> Any:
     if name in ENTRY_POINTS:
-        return getattr(cli, name)  # `cli.__getattr__` imports it on first use
+        return getattr(cli.runners_module(), name)  # imported on first use
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

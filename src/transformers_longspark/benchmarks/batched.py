@@ -17,7 +17,7 @@ from transformers import PreTrainedModel
 from ..inference.stats import tau
 from ..modeling_longspark import LongSparkDrafterModel
 from .common import eos_token_ids, generate_kwargs, machine_info, measure, pad_token_id
-from .report import RANDOM_DRAFTER, _fmt, table
+from .report import RANDOM_DRAFTER, fmt, table
 from .settings import BatchedSettings
 
 METHODS = ("plain", "longspark")
@@ -129,7 +129,7 @@ def format_batched(report: Mapping[str, Any]) -> str:
               "greedy identical"]  # fmt: skip
     rows = [[row["workload"], row["mode"], str(row["batch_size"]), str(row["prompt_tokens"]),
              f"{row['plain_tokens_per_s']:.1f}", f"{row['longspark_tokens_per_s']:.1f}", f"{row['speedup']:.2f}x",
-             _fmt(row["tau"], ".2f"), {None: "-", True: "yes", False: "NO"}[row["greedy_identical"]]]
+             fmt(row["tau"], ".2f"), {None: "-", True: "yes", False: "NO"}[row["greedy_identical"]]]
             for row in report["rows"]]  # fmt: skip
     machine, settings = report.get("machine", {}), report.get("settings", {})
     note = (
@@ -140,6 +140,3 @@ def format_batched(report: Mapping[str, Any]) -> str:
     )
     random = [RANDOM_DRAFTER] if report.get("drafter", {}).get("trained") is False else []
     return "\n".join([*table(header, rows, "llrrrrrrl"), "", note, *random]) + "\n"
-
-
-__all__ = ["METHODS", "format_batched", "left_pad_batch", "new_token_counts", "run_batched_benchmark"]

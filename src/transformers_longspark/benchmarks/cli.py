@@ -1,10 +1,7 @@
-"""`longspark bench ...`: the arguments of the speed comparison (the default command) and of the `tau`,
-`drafting-cost`, `verify-cost` and `memory` subcommands, and their dispatch (what each runs: `runners.py`).
-
-An option is a field of the command's settings (`settings.option`) or one of what the command loads and writes
-(`RUN_OPTIONS`). Parsing imports nothing heavy (`longspark bench --help` answers without torch). The benchmark modules
-are imported at one point, `_runners()`: when a benchmark runs, after every path given has been checked, or on first
-access to one of their names as an attribute of this module (e.g. `cli.run_speed_benchmark`).
+"""`longspark bench ...`: the options of the speed comparison (the default command) and of its subcommands, and their
+dispatch (what each runs: `runners.py`). An option is a field of the command's settings (`settings.option`) or one of
+what the command loads and writes (`RUN_OPTIONS`). Parsing imports nothing heavy; the benchmark modules are imported
+at one point, `runners_module()`, once every path given has been checked.
 """
 
 from __future__ import annotations
@@ -140,26 +137,19 @@ def add_bench_arguments(subparsers_or_parser) -> argparse.ArgumentParser:
     parser. Returns the `bench` parser; dispatch with `run_bench`."""
     parser = subparsers_or_parser
     if isinstance(subparsers_or_parser, argparse._SubParsersAction):
-        help = "benchmarks: speed (default), tau, drafting-cost, verify-cost, memory"
+        help = f"benchmarks: {', '.join(COMMANDS)} (speed by default)"
         parser = subparsers_or_parser.add_parser("bench", help=help, description=DESCRIPTION)
     _add_options(parser, "speed")
-    metavar = "{speed,tau,drafting-cost,verify-cost,memory}"
+    metavar = "{" + ",".join(COMMANDS) + "}"
     commands = parser.add_subparsers(dest="bench_command", metavar=metavar, action=_KeepOptionsBefore)
     for name, (help, *_) in COMMANDS.items():
         _add_options(commands.add_parser(name, help=help), name)
     return parser
 
 
-def _runners() -> ModuleType:
+def runners_module() -> ModuleType:
     """The one lazy-import point of the benchmark modules (torch, transformers)."""
     return importlib.import_module(f"{__package__}.runners")
-
-
-def __getattr__(name: str) -> Any:
-    """The entry points and what the runners use (`cli.run_speed_benchmark`, ...), imported on first access."""
-    if name.startswith("_") or not hasattr(_runners(), name):
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(_runners(), name)
 
 
 def parse_variants(specs: Sequence[Sequence[str]]) -> dict[str, dict[str, Any]]:
@@ -208,7 +198,7 @@ def check_paths(args: argparse.Namespace) -> None:
 def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     """Runs the `longspark bench` subcommand in `args` (speed when none), prints its table, writes its files."""
     check_paths(args)
-    return _runners().run(getattr(args, "bench_command", None) or "speed", args)
+    return runners_module().run(getattr(args, "bench_command", None) or "speed", args)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -219,6 +209,3 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     args.command_line = shlex.join(["longspark", "bench", *argv])
     run_bench(args)
-
-
-__all__ = ["DESCRIPTION", "add_bench_arguments", "main", "parse_variants", "run_bench"]

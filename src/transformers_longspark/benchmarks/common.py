@@ -137,27 +137,6 @@ def pad_token_id(target: torch.nn.Module, default: int | None = None) -> int | N
     return pad if pad is not None else eos[0] if eos else default
 
 
-_ABSENT = object()
-
-
-@contextlib.contextmanager
-def generation_config_fields(model: torch.nn.Module, fields: Mapping[str, Any]) -> Iterator[None]:
-    """Sets `fields` on `model.generation_config` inside the block (e.g. a drafter's `lookup_min_match`), and restores
-    them afterwards, exceptions included: a field the config lacked is removed again."""
-    config = model.generation_config
-    previous = {name: vars(config).get(name, _ABSENT) for name in fields}
-    for name, value in fields.items():
-        setattr(config, name, value)
-    try:
-        yield
-    finally:
-        for name, value in previous.items():
-            if value is _ABSENT:
-                delattr(config, name)
-            else:
-                setattr(config, name, value)
-
-
 def prefill(target: torch.nn.Module, input_ids: torch.Tensor, chunk: int = 2048, cache: Cache | None = None) -> Cache:
     """Fills `cache` (default a fresh `DynamicCache`) with `input_ids` `(1, t)`, `chunk` tokens per target forward,
     which bounds the prefill's activation memory. Returns the cache."""
@@ -190,7 +169,3 @@ def machine_info(device: str | torch.device = "cpu") -> dict[str, Any]:
     if torch.device(device).type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(torch.device(device))
     return info
-
-
-__all__ = ["Timings", "eos_token_ids", "generate_kwargs", "generation_config_fields", "machine_info", "measure",
-           "pad_token_id", "prefill", "synchronize", "time_forward_calls", "timed_call"]  # fmt: skip

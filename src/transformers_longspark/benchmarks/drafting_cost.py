@@ -1,15 +1,15 @@
-"""Per-round drafting cost and drafter context-state bytes vs prefix length: LongSpark vs the full-prefix baseline
-(what is measured: `run_drafting_cost`).
-
-Prefixes longer than the target's positions (e.g. 32K-128K for SmolLM2's 8K) use a *synthetic* cache
-(`synthetic_cache`): a drafting round reads nothing but the selected layers' K/V and the boundary state, and its cost
-depends on shapes alone.
+"""Per-round drafting cost and drafter context-state bytes vs prefix length, LongSpark vs the full-prefix baseline
+(`run_drafting_cost`), and its table and figure. Prefixes longer than the target's positions (e.g. 32K-128K for
+SmolLM2's 8K) use a synthetic cache (`synthetic_cache`): a round reads nothing but the selected layers' K/V and the
+boundary state, so its cost depends on shapes alone.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,6 +21,7 @@ from ..inference.generation import LongSparkCandidateGenerator, requests_after
 from ..modeling_longspark import LongSparkDrafterModel
 from .common import machine_info, measure, prefill, timed_call
 from .models import make_full_prefix_drafter
+from .report import finish, format_length, table, two_panels
 from .settings import DraftingCostSettings
 
 DRAFTERS = ("longspark", "full_prefix")
@@ -30,13 +31,11 @@ ROW_FIELDS = ("prefix_length", "longspark_ms", "full_prefix_ms", "longspark_stat
               "longspark_prefill_absorb_ms", "longspark_window_bytes", "full_prefix_state_bytes_formula", "synthetic",
               "longspark_ms_vs_shortest", "full_prefix_ms_vs_shortest")  # fmt: skip
 NOTES = (
-    "*_ms: median per drafting round (context update + proposal of one block); the LongSpark update folds "
-    "B + 1 rows into the global summary. longspark_state_bytes: LongSparkContextState.nbytes (summary + "
-    "boundary, persistent). full_prefix_state_bytes: the K/V rows of all D paired target layers the baseline "
-    "attends to each round, plus the boundary. LongSpark also reads a W-row window of the target cache "
-    "(longspark_window_bytes, fixed). Rows with synthetic=true use random K/V rows in the selected target "
-    "layers only and random boundary states instead of a target prefill (positions may exceed "
-    "max_position_embeddings: drafting cost depends on shapes alone)."
+    "*_ms: median per drafting round (context update + proposal of one block; the LongSpark update folds B + 1 rows "
+    "into the summary). longspark_state_bytes: LongSparkContextState.nbytes (summary + boundary, persistent); "
+    "LongSpark also reads a fixed W-row window of the target cache (longspark_window_bytes). full_prefix_state_bytes: "
+    "the K/V rows of all D paired target layers the baseline attends to each round, plus the boundary. synthetic=true: "
+    "random K/V in the selected target layers and random boundary states, at any position."
 )
 
 
@@ -49,10 +48,8 @@ def full_prefix_state_bytes(config: LongSparkConfig, num_rows: int, dtype: torch
 
 
 class SelectedLayersCache(DynamicCache):
-    """A `DynamicCache` with rows in the drafter's selected layers only, the other layers left empty.
-
-    `get_seq_length()` reports the first filled layer's length, which layer 0 of a full cache would report.
-    """
+    """A `DynamicCache` with rows in the drafter's selected layers only; `get_seq_length()` reports the first filled
+    layer's length, as layer 0 of a full cache would."""
 
     def __init__(self, config, layer_ids: Sequence[int]):
         super().__init__(config=config)
@@ -194,12 +191,11 @@ def run_drafting_cost(
 ) -> dict[str, Any]:
     """Per-round drafting time and persistent context-state bytes of LongSpark and the full-prefix baseline.
 
-    For each prefix length `t` of `settings`: the target prefills `t` tokens (`prefix_ids`, at least the longest
-    prefix + 1 ids, else seeded random ids) into a DynamicCache once; then one `LongSparkCandidateGenerator` per
-    drafter, built as `generate` builds it, runs `warmup + rounds` drafting rounds on that cache (context update, then
-    proposal of one block of `B` greedy tokens), all lengths and drafters interleaved in one loop. Each LongSpark round
-    folds `B + 1` rows into the global summary, as a round that accepts a whole block does. Times are medians over the
-    measured rounds. Prefixes beyond the target's `max_position_embeddings` are skipped (`skipped`) unless
+    For each prefix length `t` of `settings`, the target prefills `t` tokens (`prefix_ids`, at least the longest
+    prefix + 1 ids; else seeded random ids) once; one `LongSparkCandidateGenerator` per drafter, built as `generate`
+    builds it, then runs `warmup + rounds` rounds on that cache (context update, proposal of one block of `B` greedy
+    tokens), all lengths and drafters interleaved. Each LongSpark round folds `B + 1` rows into the summary, as one
+    that accepts a whole block does. Prefixes beyond `max_position_embeddings` are `skipped` unless
     `allow_extrapolation`; `synthetic_prefix_lengths` run on a `synthetic_cache` at any length.
 
     Returns:
@@ -250,25 +246,74 @@ def run_drafting_cost(
     for name in DRAFTERS if ratio else ():
         ratio[name] = longest[f"{name}_ms_vs_shortest"]  # e.g. 128K / 512
     result.update(
-        round_cost_ratio=ratio,
-        benchmark="drafting-cost",
-        rows=rows,
-        synthetic_prefix_lengths=synthetic_lengths,
-        rounds=rounds,
-        warmup=warmup,
-        prefix_source="random" if prefix_ids is None else "given",
-        skipped=skipped,
-        max_position_embeddings=max_positions,
-        rope_parameters=rope,
-        block_size=block,
-        window_size=config.window_size,
-        num_summary_queries=config.num_summary_queries,
-        num_draft_layers=config.num_draft_layers,
-        dtype=str(next(drafter.parameters()).dtype),
-        notes=NOTES,
-        machine=machine_info(device),
-    )
+        round_cost_ratio=ratio, benchmark="drafting-cost", rows=rows, synthetic_prefix_lengths=synthetic_lengths,
+        rounds=rounds, warmup=warmup, prefix_source="random" if prefix_ids is None else "given", skipped=skipped,
+        max_position_embeddings=max_positions, rope_parameters=rope, block_size=block, window_size=config.window_size,
+        num_summary_queries=config.num_summary_queries, num_draft_layers=config.num_draft_layers,
+        dtype=str(next(drafter.parameters()).dtype), notes=NOTES, machine=machine_info(device),
+    )  # fmt: skip
     return result
 
 
-__all__ = ["SelectedLayersCache", "full_prefix_state_bytes", "run_drafting_cost", "synthetic_cache"]
+def format_drafting_cost(result: Mapping[str, Any]) -> str:
+    """The drafting-cost report as a Markdown table, one row per prefix length (synthetic ones marked)."""
+    header = ["prefix", "LongSpark ms/round", "full-prefix ms/round", "LongSpark state", "full-prefix state"]
+    synthetic = result.get("synthetic") or [False] * len(result["prefix_lengths"])
+    rows = [[f"{length}{' (synthetic)' if synthetic[i] else ''}", f"{result['longspark_ms'][i]:.2f}",
+             f"{result['full_prefix_ms'][i]:.2f}", f"{result['longspark_state_bytes'][i] / 1024:.1f} KiB",
+             f"{result['full_prefix_state_bytes'][i] / 2**20:.2f} MiB"]
+            for i, length in enumerate(result["prefix_lengths"])]  # fmt: skip
+    lines = table(header, rows, "r" * len(header))
+    ratio = result.get("round_cost_ratio")
+    if ratio:  # e.g. "Round cost 128K / 512 (...): LongSpark 1.00x, full-prefix 42.0x"
+        names = {"longspark": "LongSpark", "full_prefix": "full-prefix"}
+        parts = [f"{label} {ratio[name]:.2f}x" for name, label in names.items() if ratio.get(name) is not None]
+        shortest, longest = (format_length(length) for length in ratio["lengths"])
+        lines.append(
+            f"\nRound cost {longest} / {shortest} (median ms per round, longest over shortest): " + ", ".join(parts)
+        )
+    lines += [f"\nskipped {skip['prefix_length']}: {skip['reason']}" for skip in result.get("skipped", [])]
+    if any(synthetic):
+        lines.append("\n(synthetic): random K/V in the selected target layers and random boundary states.")
+    return "\n".join(lines) + "\n"
+
+
+# The drafting-cost figure's curves: drafter (its `{name}_ms` field), label, bytes-per-request field, line style.
+DRAFTING_COST_CURVES = (
+    ("longspark", "LongSpark (window + summary)", "longspark_state_bytes", dict(marker="o", color="tab:blue")),
+    ("full_prefix", "full-prefix drafter", "full_prefix_state_bytes",
+     dict(marker="s", color="tab:red", linestyle="--")),
+)  # fmt: skip
+
+
+def plot_drafting_cost(result: Mapping[str, Any], path: str | os.PathLike) -> Path:
+    """Two panels, like the paper's Figure 1 (left): (a) drafting time per round and (b) drafter context-state
+    memory (log scale) vs prefix length (log scale), LongSpark vs the full-prefix baseline. Synthetic-cache lengths are
+    drawn dotted with hollow markers on a shaded range. Writes `path` (PNG, PDF, ...)."""
+    lengths = result["prefix_lengths"]
+    synthetic = result.get("synthetic") or [False] * len(lengths)
+    plt, fig, (time_ax, mem_ax) = two_panels()
+    real = [i for i, s in enumerate(synthetic) if not s]
+    fake = [i for i, s in enumerate(synthetic) if s]
+    for name, label, bytes_field, style in DRAFTING_COST_CURVES:
+        mebibytes = [b / 2**20 for b in result[bytes_field]]
+        for ax, values in ((time_ax, result[f"{name}_ms"]), (mem_ax, mebibytes)):
+            if real:
+                ax.plot([lengths[i] for i in real], [values[i] for i in real], label=label, **style)
+            if fake:  # joined to the last real point, so that each method stays one curve
+                joined = real[-1:] + fake
+                hollow = dict(linestyle=":", color=style["color"], marker=style["marker"], markerfacecolor="none")
+                hollow["label"] = None if real else label
+                ax.plot([lengths[i] for i in joined], [values[i] for i in joined], **hollow)
+    for ax in (time_ax, mem_ax):
+        if fake:
+            low, high = min(lengths[i] for i in fake) / 2**0.5, max(lengths) * 2**0.5
+            ax.axvspan(low, high, color="0.92", zorder=0, label="synthetic cache")
+        ax.legend()
+    time_ax.set_ylim(bottom=0)
+    mem_ax.set_yscale("log")
+    labels = [
+        ("(a) drafting cost per round", "drafting time per round (ms)"),
+        ("(b) drafter context-state memory", "drafter context state (MiB)"),
+    ]
+    return finish(plt, fig, (time_ax, mem_ax), lengths, labels, path)

@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 
 from ..loading import load_drafter, load_target
 from .common import machine_info
+from .report import table
 from .settings import MemorySettings
 
 MODES = ("plain", "assisted")
@@ -73,12 +74,12 @@ def run_memory_benchmark(
 ) -> dict[str, Any]:
     """The drafter's extra peak memory over plain `generate`, at each prompt length (CPU, peak RSS).
 
-    Each configuration (plain / assisted x prompt length of `settings`, a `MemorySettings`) runs in a fresh process
-    that loads the target (a local checkpoint path, or the SmolLM2 demo target when None) and, if assisted, the
-    drafter (else the default one of `load_drafter`), records `ru_maxrss`, generates `max_new_tokens` greedy tokens
-    from a seeded random prompt of that length, and records `ru_maxrss` again. Returns, per length: both peaks,
-    `extra_peak_mib` (assisted - plain peak, drafter weights included) and `extra_runtime_mib` (the same of the peaks
-    over the after-load RSS); and `extra_peak_growth_mib`, the extra's change from the shortest to the longest prompt.
+    Each configuration (plain / assisted x prompt length) runs in a fresh process: it loads the target (a local
+    checkpoint, or the SmolLM2 demo target when None) and, if assisted, the drafter (else `load_drafter`'s default),
+    then generates `max_new_tokens` greedy tokens from a seeded random prompt, recording `ru_maxrss` before and after.
+    Per length: both peaks, `extra_peak_mib` (assisted - plain peak, drafter weights included) and
+    `extra_runtime_mib` (the same of the growth over the after-load RSS); `extra_peak_growth_mib` is the extra's
+    change from the shortest to the longest prompt.
     """
     settings = settings or MemorySettings()
     prompt_lengths, max_new_tokens, num_threads = settings.prompt_lengths, settings.max_new_tokens, settings.num_threads
@@ -127,4 +128,11 @@ def run_memory_benchmark(
     }
 
 
-__all__ = ["run_memory_benchmark"]
+def format_memory(result: Mapping[str, Any]) -> str:
+    """The memory report as a Markdown table, one row per prompt length."""
+    header = ["prompt tokens", "plain peak MiB", "assisted peak MiB", "extra peak MiB", "extra at run time MiB"]
+    rows = [[str(row["prompt_length"]), f"{row['plain_peak_mib']:.1f}", f"{row['assisted_peak_mib']:.1f}",
+             f"{row['extra_peak_mib']:+.1f}", f"{row['extra_runtime_mib']:+.1f}"]
+            for row in result["lengths"]]  # fmt: skip
+    note = f"\nextra peak growth from shortest to longest prompt: {result['extra_peak_growth_mib']:+.1f} MiB"
+    return "\n".join([*table(header, rows, "rrrrr"), note]) + "\n"

@@ -66,6 +66,3 @@ def build_random_drafter(target: PreTrainedModel, seed: int = 0, **overrides: An
     with torch.device(parameter.device), _default_dtype(parameter.dtype):
         drafter = LongSparkDrafterModel(config)
     return drafter.eval().requires_grad_(False)
-
-
-__all__ = ["build_random_drafter", "build_synthetic_target", "make_full_prefix_drafter"]

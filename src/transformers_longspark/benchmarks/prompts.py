@@ -27,12 +27,9 @@ def short_prompts(
     held_out_dir: str | os.PathLike | None = HELD_OUT_DIR,
     sources: Sequence[str] = SHORT_SOURCES,
 ) -> list[dict[str, Any]]:
-    """Held-out chat, maths and code prompts of `sources`, interleaved by source.
-
-    Reads the regenerated held-out records (``data/smollm2/held_out/*.jsonl``: their ``messages`` minus the
-    assistant turn, chat-templated); without them, holds out 40 prompts of each builtin source (gsm8k, mmath-en,
-    stdlib-code) exactly as ``longspark regenerate --held-out 40 --seed 0`` does.
-    """
+    """Held-out chat, maths and code prompts of `sources`, interleaved by source: the regenerated held-out records
+    (``data/smollm2/held_out/*.jsonl``, chat-templated without the assistant turn), else 40 prompts of each builtin
+    source held out exactly as ``longspark regenerate --held-out 40 --seed 0`` does."""
     from ..training.prompt_sources import builtin_prompt_source, interleave, normalize_record, split_prompts
 
     by_source: dict[str, list[dict[str, Any]]] = {}
@@ -101,15 +98,11 @@ def long_context_prompts(
     reserve: int = 0,
     every_length: bool = False,
 ) -> list[dict[str, Any]]:
-    """Code-continuation prompts: Python stdlib files (one per prompt, in name order) cut to ``lengths[i % n]`` tokens;
-    with ``every_length``, each of ``num_prompts`` files cut at every length (the same text at each length: an
-    acceptance-vs-length curve). Each prompt records its ``length``.
-
-    Only the files held out of the training corpora (:func:`..corpora.is_held_out`) are used, so no drafter trained
-    on `scripts/prepare_corpora.py`'s data has seen them.
-
-    Lengths are capped at ``max_positions - reserve`` (reserve room for the new tokens and one draft block). The
-    prompts are raw code, no chat template: the target continues the file.
+    """Code-continuation prompts (raw code, no chat template): Python stdlib files, one per prompt in name order, cut
+    to ``lengths[i % n]`` tokens; with ``every_length``, each of ``num_prompts`` files cut at every length (an
+    acceptance-vs-length curve). Each prompt records its ``length``, capped at ``max_positions - reserve`` (room for
+    the new tokens and one draft block). Only files held out of the training corpora (`corpora.is_held_out`) are
+    used, so no drafter trained on `scripts/prepare_corpora.py`'s data has seen them.
     """
     lengths = list(lengths)
     num_prompts = len(lengths) if num_prompts is None else num_prompts
@@ -138,6 +131,3 @@ def long_context_prompts(
                 "fewer or shorter long prompts."
             )
     return prompts
-
-
-__all__ = ["chat_prompt_ids", "long_context_prompts", "short_prompts", "stdlib_token_ids"]

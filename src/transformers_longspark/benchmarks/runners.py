@@ -17,18 +17,10 @@ import transformers_longspark
 from .. import loading
 from .batched import format_batched, run_batched_benchmark
 from .cli import parse_variants
-from .drafting_cost import run_drafting_cost
-from .memory import run_memory_benchmark
+from .drafting_cost import format_drafting_cost, plot_drafting_cost, run_drafting_cost
+from .memory import format_memory, run_memory_benchmark
 from .models import build_random_drafter, build_synthetic_target
 from .prompts import long_context_prompts, short_prompts, stdlib_token_ids
-from .report import (
-    format_drafting_cost,
-    format_markdown,
-    format_memory,
-    format_verify_cost,
-    plot_drafting_cost,
-    plot_verify_cost,
-)
 from .settings import (
     HELD_OUT_DIR,
     BatchedSettings,
@@ -39,8 +31,9 @@ from .settings import (
     VerifyCostSettings,
 )
 from .speed import run_speed_benchmark
+from .speed_summary import format_markdown
 from .tau import FRESH_DRAFTERS, format_tau, format_tau_curve, fresh_drafter, plot_tau_curve, run_tau_benchmark
-from .verify_cost import run_verify_cost
+from .verify_cost import format_verify_cost, plot_verify_cost, run_verify_cost
 
 
 def _load_target(args: argparse.Namespace):
@@ -167,7 +160,7 @@ def _run_speed(args: argparse.Namespace) -> dict[str, Any]:
         token_ids = {name: [p["input_ids"] for p in items] for name, items in prompts.items()}
         result = run_batched_benchmark(target, drafter, token_ids, settings, drafter_info=drafter_info)
         return _write_outputs(args, result, format_batched, target=_target_name(args))
-    result = run_speed_benchmark(target, tokenizer, drafter, prompts, settings, drafter_info=drafter_info)
+    result = run_speed_benchmark(target, drafter, prompts, settings, drafter_info=drafter_info)
     return _write_outputs(args, result, format_markdown)
 
 

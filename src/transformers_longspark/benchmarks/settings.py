@@ -1,9 +1,7 @@
-"""The benchmarks' choices, defaults and settings: one frozen, validated settings object per entry point, whose fields
-also declare `longspark bench`'s options (`option`: the help text, and the command line's default where it differs).
-
-Imports nothing heavy, so that `longspark bench --help` reads the defaults without torch. Each object checks its
-values when built (a `ValueError` naming the field, its option and the fix), so a bad value is refused before any
-model loads; `longspark bench` builds them from its options (`Settings.from_args`).
+"""The benchmarks' choices, defaults and settings: one frozen settings object per entry point, whose fields also
+declare `longspark bench`'s options (`option`). Imports nothing heavy, so that `longspark bench --help` answers without
+torch. Each object checks its values when built (a `ValueError` naming the field, its option and the fix), before any
+model loads.
 """
 
 from __future__ import annotations
@@ -14,13 +12,24 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-# speed.py
+# speed.py: the methods and their labels in the report. The plain paths are stock `generate`, the same on the fast
+# verification path (reserved cache rows, grouped-head attention) and with transformers' static cache: every speedup
+# is reported over `plain` and over the fastest of these.
 MODES = ("greedy", "sampled")
-# The plain paths: stock `generate`, the same on the fast verification path (reserved cache rows, grouped-head
-# attention) and with transformers' static cache. Every speedup is reported over `plain` and over the fastest of these.
+METHOD_LABELS = {
+    "plain": "plain generate",
+    "plain_fast": "plain generate (fast verification)",
+    "plain_static": "plain generate (static cache)",
+    "prompt_lookup": "prompt lookup",
+    "prompt_lookup_fast": "prompt lookup (fast verification)",
+    "longspark": "LongSpark",
+    "longspark_drafter_only": "LongSpark drafter alone (no lookup, every round drafts)",
+    "longspark_lookup_only": "LongSpark lookup alone (drafter priced out)",
+    "longspark_no_proposals": "LongSpark, no proposals (every round a plain step)",
+    "full_prefix": "full-prefix drafter",
+}
+METHODS = tuple(METHOD_LABELS)
 PLAIN_METHODS = ("plain", "plain_fast", "plain_static")
-METHODS = (*PLAIN_METHODS, "prompt_lookup", "prompt_lookup_fast", "longspark", "longspark_drafter_only",
-           "longspark_lookup_only", "longspark_no_proposals", "full_prefix")  # fmt: skip
 # Which methods run in which decoding mode by default (the full-prefix baseline is measured greedily).
 DEFAULT_METHODS = {"greedy": METHODS, "sampled": tuple(m for m in METHODS if m != "full_prefix")}
 # Generation-config settings of the attribution methods: the cost model off (every round proposes), and the drafter
@@ -28,8 +37,8 @@ DEFAULT_METHODS = {"greedy": METHODS, "sampled": tuple(m for m in METHODS if m !
 COSTS_OFF = {"calibrate_costs": False, "draft_round_cost": 0.0, "verify_round_cost": 0.0, "verify_token_cost": 0.0}
 DRAFTER_ALONE = {"lookup_min_match": 0, **COSTS_OFF}
 WHOLE_BLOCKS = {"assistant_confidence_threshold": 0.0, "block_confidence_threshold": 0.0}
-# Drafter methods and what each changes on the drafter for its runs (`speed.drafter_settings`): the shipped
-# configuration and its attribution (`--methods`' help). Any other setting is an A/B variant (`--variant`).
+# Drafter methods and what each changes on the drafter for its runs (`speed.drafter_settings`); any other setting is
+# an A/B variant (`--variant`).
 DRAFTER_METHODS: dict[str, dict[str, Any]] = {
     "longspark": {},
     "longspark_drafter_only": DRAFTER_ALONE,
@@ -62,6 +71,7 @@ SYNTHETIC_TARGETS: dict[str, dict[str, Any]] = {
 """Qwen3 configs by name (hidden size, layers, heads, KV heads, head dim, MLP width as published)."""
 
 _SAME = object()
+_METHODS_HELP = "; ".join(f"{name}: {label}" for name, label in METHOD_LABELS.items())
 
 
 def option(
@@ -134,21 +144,33 @@ class Settings:
 
 
 @dataclass(frozen=True, kw_only=True)
-class SpeedSettings(Settings):
-    """`run_speed_benchmark`'s settings. `methods` may also be given per mode (`{"greedy": [...], "sampled": [...]}`);
-    `variants` is `{name: settings}` (`speed.drafter_settings`); sampled runs of prompt `i` start from the RNG seed
-    `seed + i` for every method; `ignore_eos` forces exactly `max_new_tokens` tokens (`min_new_tokens`)."""
+class DecodingSettings(Settings):
+    """What the speed and batched benchmarks share (and their options): the decoding modes, `max_new_tokens`, the
+    temperature of sampled runs; `ignore_eos` forces exactly `max_new_tokens` tokens (`min_new_tokens`)."""
 
     modes: tuple[str, ...] = option(MODES, "greedy decoding and/or sampling at --temperature", choices=list(MODES))
-    methods: Mapping[str, Sequence[str]] | Sequence[str] | None = option(
+    max_new_tokens: int = option(128, "new tokens per generate call", minimum=1)
+    temperature: float = option(1.0, "temperature of the sampled mode")
+    ignore_eos: bool = option(False, "always generate --max-new-tokens tokens")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        modes = self.modes
+        self._require(bool(modes) and set(modes) <= set(MODES), "modes", f"choose from {', '.join(MODES)}")
+        self._require("sampled" not in modes or self.temperature > 0, "temperature", "pass a temperature > 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpeedSettings(DecodingSettings):
+    """`run_speed_benchmark`'s settings. `variants` is `{name: settings}` (`speed.drafter_settings`); sampled runs of
+    prompt `i` start from the RNG seed `seed + i` for every method."""
+
+    methods: Sequence[str] | None = option(
         None,
-        f"methods for every mode, of: {', '.join(METHODS)}, and the --variant names. plain is always added (default: "
-        "all in greedy mode, all but full_prefix in sampled mode, and every variant). plain_fast is plain generate on "
-        "the fast verification path (reserved cache rows, grouped-head attention), plain_static with transformers' "
-        "static cache: speedups are also reported over the fastest plain path measured. longspark and full_prefix "
-        "verify on the fast path with the drafter's own generation config; attribution: longspark_drafter_only (the "
-        "drafter alone, every round drafts), longspark_lookup_only (the drafter priced out), longspark_no_proposals "
-        "(every round a plain step); prompt_lookup_fast is prompt lookup on the fast path",
+        f"methods for every mode, of: {_METHODS_HELP}; and the --variant names. plain is always added (default: all "
+        "in greedy mode, all but full_prefix in sampled mode, and every variant). The LongSpark methods and "
+        "full_prefix verify on the fast path (reserved cache rows, grouped-head attention) with the drafter's own "
+        "generation config; speedups are also reported over the fastest plain path measured",
         nargs="+",
         metavar="METHOD",
     )
@@ -165,15 +187,11 @@ class SpeedSettings(Settings):
         action="append",
         metavar="NAME KEY=VALUE",
     )
-    max_new_tokens: int = option(128, "new tokens per generate call", minimum=1)
-    temperature: float = option(1.0, "temperature of the sampled mode")
     prompt_lookup_num_tokens: int = option(7, "tokens prompt lookup proposes", minimum=1)
-    ignore_eos: bool = option(False, "always generate --max-new-tokens tokens")
     warmup: bool = option(True, "skip the untimed warm-up run of every method", flag="--no-warmup")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_modes(self)
         object.__setattr__(self, "variants", {name: check_variant(name, s) for name, s in self.variants.items()})
         for names in self.methods_per_mode().values():
             unknown = [m for m in names if m not in METHODS and m not in self.variants]
@@ -184,20 +202,12 @@ class SpeedSettings(Settings):
         """The methods of each mode: the defaults (and every variant), or the given ones, with `plain` first."""
         if self.methods is None:
             per_mode = {mode: [*DEFAULT_METHODS[mode], *self.variants] for mode in self.modes}
-        elif isinstance(self.methods, Mapping):
-            per_mode = {mode: list(self.methods.get(mode, ())) for mode in self.modes}
         else:
             per_mode = {mode: list(self.methods) for mode in self.modes}
         for names in per_mode.values():
             if "plain" not in names:
                 names.insert(0, "plain")  # the reference of speedups and of greedy losslessness
         return per_mode
-
-
-def _check_modes(settings: SpeedSettings | BatchedSettings) -> None:
-    modes = settings.modes
-    settings._require(bool(modes) and set(modes) <= set(MODES), "modes", f"choose from {', '.join(MODES)}")
-    settings._require("sampled" not in modes or settings.temperature > 0, "temperature", "pass a temperature > 0")
 
 
 def check_variant(name: str, settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -218,10 +228,9 @@ def check_variant(name: str, settings: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class BatchedSettings(Settings):
-    """`run_batched_benchmark`'s settings: `max_new_tokens`, `modes`, `temperature`, `ignore_eos` as `SpeedSettings`
-    (whose options they share), `pad_token_id` the left-padding id (None: the target's pad, else its EOS, else 0),
-    `warmup` untimed calls before the `repeats` (`common.measure`, interleaved)."""
+class BatchedSettings(DecodingSettings):
+    """`run_batched_benchmark`'s settings: `pad_token_id` is the left-padding id (None: the target's pad, else its
+    EOS, else 0), `warmup` the untimed calls before the `repeats` (`common.measure`, interleaved)."""
 
     batch_sizes: tuple[int, ...] = option(
         (1, 2, 4, 8),
@@ -231,16 +240,9 @@ class BatchedSettings(Settings):
         cli=None,
     )
     repeats: int = option(1, "timed calls per method and batch (--batch-sizes)", minimum=1)
-    max_new_tokens: int = option(128, minimum=1)
     modes: tuple[str, ...] = ("greedy",)
     pad_token_id: int | None = None
-    temperature: float = 1.0
-    ignore_eos: bool = False
     warmup: int = option(1, minimum=0)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check_modes(self)
 
 
 @dataclass(frozen=True, kw_only=True)

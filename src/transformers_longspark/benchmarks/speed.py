@@ -1,13 +1,11 @@
-"""Decoding speed side by side: the plain paths, prompt lookup, LongSpark (and what each of its sources adds, and
-A/B variants) and the full-prefix drafter, on the same prompts, interleaved (the methods: `settings.METHODS` and
-`--methods`' help).
+"""Decoding speed side by side, on the same prompts, interleaved: the plain paths, prompt lookup, LongSpark (what each
+of its sources adds, and A/B variants) and the full-prefix drafter (`settings.METHOD_LABELS`).
 
 A *round* is one target verification forward after the prefill; `tau = (new tokens - 1) / rounds`
-(`inference.stats.tau`): the prefill forward yields the first new token and every round adds the accepted draft tokens
-plus one, so plain `generate`'s tau is 1. For prompt lookup, rounds are target forwards minus one (it may already
-verify candidates with the prefill, which `tokens_per_forward` accounts for exactly). Speculative methods verify on
-the fast path (`verification.py`), which speeds up plain decoding too, so every speedup is also reported over the
-fastest plain path of the same run (`speed_summary.add_speedups`).
+(`inference.stats.tau`): the prefill yields the first new token and every round the accepted drafts plus one, so plain
+`generate`'s tau is 1. Prompt lookup may already verify candidates with the prefill (`tokens_per_forward` counts that
+exactly). Speculative methods verify on the fast path, which speeds up plain decoding too, so every speedup is also
+reported over the fastest plain path of the same run (`speed_summary.add_speedups`).
 """
 
 from __future__ import annotations
@@ -26,16 +24,8 @@ from ..inference.knobs import DraftingKnobs
 from ..inference.verification import fast_verification
 from ..modeling_longspark import LongSparkDrafterModel
 from ..packed_linear import drafter_linear_dtype
-from .common import (
-    generate_kwargs,
-    generation_config_fields,
-    machine_info,
-    pad_token_id,
-    time_forward_calls,
-    timed_call,
-)
+from .common import generate_kwargs, machine_info, pad_token_id, time_forward_calls, timed_call
 from .models import make_full_prefix_drafter
-from .prompts import chat_prompt_ids
 from .settings import DRAFTER_METHODS, DRAFTER_SWITCHES, METHODS, PLAIN_METHODS, SpeedSettings
 from .speed_summary import add_speedups, summarize_runs
 
@@ -45,47 +35,43 @@ FAST_PATH_METHODS = ("plain_fast", "prompt_lookup_fast")
 # `_valid_auto_compile_criteria`). There `plain_static` gets one cache size for the whole run (the longest prompt's),
 # so that the graph compiled in the warm-up serves every call; elsewhere the cache is sized per call.
 AUTO_COMPILE_DEVICES = ("cuda", "xpu", "neuron", "tpu")
+_ABSENT = object()
 
 
 @contextlib.contextmanager
 def drafter_settings(drafter: LongSparkDrafterModel, settings: Mapping[str, Any]) -> Iterator[None]:
-    """Applies `settings` to `drafter` inside the block, then restores them: its `fast_verification` and
-    `packed_weights` (default True), its `linear_dtype` if given (a torch dtype, its name, or "auto"), and any other
-    key as a field of its `generation_config`."""
-    switches = {**DRAFTER_SWITCHES, "linear_dtype": drafter.linear_dtype}
+    """Applies `settings` to `drafter` inside the block, then restores them, exceptions included: its
+    `fast_verification` and `packed_weights` (default True), its `linear_dtype` if given (a torch dtype, its name, or
+    "auto"), and any other key as a field of its `generation_config` (one it lacked is removed again)."""
+    config, switches = drafter.generation_config, {**DRAFTER_SWITCHES, "linear_dtype": drafter.linear_dtype}
+    config_fields = {name: value for name, value in settings.items() if name not in switches}
     previous = {name: getattr(drafter, name) for name in switches}
+    previous_fields = {name: vars(config).get(name, _ABSENT) for name in config_fields}
     for name, default in switches.items():
         value = settings.get(name, default)
         if name == "linear_dtype" and isinstance(value, str) and value != "auto":
             value = getattr(torch, value, value)  # "qint8" -> torch.qint8; a wrong name is refused by generate
         setattr(drafter, name, value)
-    config_fields = {name: value for name, value in settings.items() if name not in switches}
+    for name, value in config_fields.items():
+        setattr(config, name, value)
     try:
-        with generation_config_fields(drafter, config_fields):
-            yield
+        yield
     finally:
         for name, value in previous.items():
             setattr(drafter, name, value)
+        for name, value in previous_fields.items():
+            if value is _ABSENT:
+                delattr(config, name)
+            else:
+                setattr(config, name, value)
 
 
-def _as_prompt(prompt: Any, tokenizer, index: int) -> dict[str, Any]:
-    """`{"name", "input_ids": [...], ...metadata}` of a prompt given as such a dict, a chat (`messages`), a text, a 1-D
-    tensor `(t,)` or token ids."""
-    name = f"prompt-{index}"
-    if isinstance(prompt, Mapping) and "input_ids" in prompt:
-        return {**prompt, "name": prompt.get("name", name), "input_ids": _token_ids(prompt["input_ids"])}
-    if isinstance(prompt, Mapping) and "messages" in prompt:
-        return {"name": name, **prompt, "input_ids": chat_prompt_ids(tokenizer, prompt["messages"])}
-    if isinstance(prompt, str) and tokenizer is None:
-        raise ValueError("Text prompts need a tokenizer; pass token ids instead.")
-    return {
-        "name": name,
-        "input_ids": tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else _token_ids(prompt),
-    }
-
-
-def _token_ids(ids) -> list[int]:
-    return ids.flatten().tolist() if isinstance(ids, torch.Tensor) else list(ids)
+def _as_prompt(prompt: Any, index: int) -> dict[str, Any]:
+    """`{"name", "input_ids": [...], ...metadata}` of a prompt given as such a dict, a tensor `(t,)` or token ids."""
+    metadata = dict(prompt) if isinstance(prompt, Mapping) else {"input_ids": prompt}
+    ids = metadata["input_ids"]
+    ids = ids.flatten().tolist() if isinstance(ids, torch.Tensor) else list(ids)
+    return {**metadata, "name": metadata.get("name", f"prompt-{index}"), "input_ids": ids}
 
 
 @dataclass
@@ -186,7 +172,6 @@ def _run_prompts(runner: _Runner, items, names, mode: str, max_new_tokens: int, 
 
 def run_speed_benchmark(
     target: PreTrainedModel,
-    tokenizer,
     drafter: LongSparkDrafterModel,
     prompts: Mapping[str, Sequence[Any]] | Sequence[Any],
     settings: SpeedSettings | None = None,
@@ -196,10 +181,8 @@ def run_speed_benchmark(
     """The plain paths, prompt lookup, LongSpark and the full-prefix drafter, side by side on the same prompts.
 
     Args:
-        tokenizer: chat-templates `messages` prompts and tokenizes text ones (None when every prompt is token ids).
-        prompts: `{workload: [prompt, ...]}` or one list (workload `"prompts"`). A prompt is a dict with
-            `input_ids` (and optional `name`/metadata) or `messages` (chat-templated with `tokenizer`), a
-            string, a 1-D tensor `(t,)` or a list of token ids.
+        prompts: `{workload: [prompt, ...]}` or one list (workload `"prompts"`). A prompt is a dict with `input_ids`
+            (and optional `name`/metadata), a 1-D tensor `(t,)` or a list of token ids.
         drafter_info: what the report says of the drafter (its folder, whether it is trained).
 
     Per prompt, the methods run back to back in an order rotated from prompt to prompt (A/B/A/B interleaving).
@@ -210,7 +193,7 @@ def run_speed_benchmark(
     """
     settings = settings or SpeedSettings()
     workloads = dict(prompts) if isinstance(prompts, Mapping) else {"prompts": prompts}
-    workloads = {name: [_as_prompt(p, tokenizer, i) for i, p in enumerate(items)] for name, items in workloads.items()}
+    workloads = {name: [_as_prompt(p, i) for i, p in enumerate(items)] for name, items in workloads.items()}
     workloads = {name: items for name, items in workloads.items() if items}
     if not workloads:
         raise ValueError("No prompts to benchmark.")

@@ -1,26 +1,15 @@
-"""The speed benchmark's arithmetic: per-method summaries of the runs, and speedups over plain `generate` and
-over the fastest plain path of the same run."""
+"""The speed benchmark's report: per-method summaries of the runs, speedups over plain `generate` and over the
+fastest plain path of the same run, and its Markdown tables."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..inference.stats import DraftingStats, tau
-from .settings import PLAIN_METHODS
-
-METHOD_LABELS = {
-    "plain": "plain generate",
-    "plain_fast": "plain generate (fast verification)",
-    "plain_static": "plain generate (static cache)",
-    "prompt_lookup": "prompt lookup",
-    "prompt_lookup_fast": "prompt lookup (fast verification)",
-    "longspark": "LongSpark",
-    "longspark_drafter_only": "LongSpark drafter alone (no lookup, every round drafts)",
-    "longspark_lookup_only": "LongSpark lookup alone (drafter priced out)",
-    "longspark_no_proposals": "LongSpark, no proposals (every round a plain step)",
-    "full_prefix": "full-prefix drafter",
-}
+from .report import RANDOM_DRAFTER, fmt, table
+from .settings import METHOD_LABELS, PLAIN_METHODS
 
 
 def merge_histograms(histograms: Sequence[Sequence[int]]) -> list[int]:
@@ -144,4 +133,76 @@ def add_speedups(summaries: Mapping[str, dict[str, Any]]) -> None:
         summary["drafter_round_steps"] = parts["total"] / step if parts and step else None
 
 
-__all__ = ["METHOD_LABELS", "add_speedups", "merge_histograms", "summarize_runs"]
+def _speed_cells(row: Mapping[str, Any]) -> list[str]:
+    identical = "-"
+    if "greedy_identical" in row:
+        verdict = "yes" if row["greedy_identical"] else "NO"
+        identical = f"{verdict} ({row['greedy_identical_prompts']}/{row['prompts']})"
+    lookup = "-"
+    if row.get("lookup_round_share") is not None:
+        lookup = f"{row['lookup_rounds']} ({100 * row['lookup_round_share']:.0f}%)"
+    rates = [fmt(row["tau"], ".2f")]
+    for decode in ("", "decode_"):  # tokens/s, its speedup over plain and over the best plain path
+        rates.append(fmt(row.get(f"{decode}tokens_per_s"), ".1f"))
+        rates += [fmt(row.get(f"{decode}speedup{over}"), ".2f", "x") for over in ("", "_vs_best_plain")]
+    parts = (("verify", ".1f"), ("proposal", ".2f"), ("context_update", ".2f"))
+    costs = [fmt(row.get(f"{part}_ms_per_round"), spec) for part, spec in parts]
+    return [row["workload"], row["mode"], row["label"], *rates, *costs, lookup, identical]
+
+
+def _best_plain_notes(rows) -> list[str]:
+    """Which plain path was the fastest, per workload and mode (the reference of the "vs best plain" columns)."""
+    best = {}
+    for row in rows:
+        best.setdefault((row["workload"], row["mode"]), (row.get("best_plain"), row.get("best_plain_decode")))
+    return [
+        f"{workload} {mode}: {total or '-'} end to end, {decode or '-'} decoding"
+        for (workload, mode), (total, decode) in best.items()
+    ]
+
+
+def format_acceptance(report: Mapping[str, Any]) -> str:
+    """Per-position acceptance of the drafter methods as a Markdown table: `P(drafts 1..i accepted)` over all rounds,
+    the rounds that proposed the lookup continuation, and those that proposed nothing (plain steps)."""
+    header = ["workload", "mode", "method", "rounds", "lookup rounds", "plain rounds",
+              "acceptance by position (1, 2, ...)"]  # fmt: skip
+    rows = [
+        [row["workload"], row["mode"], row["label"], str(row["rounds"]), str(row["lookup_rounds"]),
+         str(row.get("plain_rounds", 0)), " ".join(f"{rate:.2f}" for rate in row["acceptance_rates"]) or "-"]
+        for row in report["rows"] if "acceptance_rates" in row
+    ]  # fmt: skip
+    return "\n".join(table(header, rows, "lllrrrl")) + "\n"
+
+
+def format_markdown(report: Mapping[str, Any]) -> str:
+    """The speed report as Markdown: one row per workload, mode and method, the drafters' per-position acceptance,
+    then the machine and settings."""
+    header = ["workload", "mode", "method", "tau", "tok/s", "speedup", "vs best plain", "decode tok/s",
+              "decode speedup", "decode vs best plain", "verify ms/round", "propose ms/round", "update ms/round",
+              "lookup rounds", "greedy identical"]  # fmt: skip
+    lines = table(header, [_speed_cells(row) for row in report["rows"]], "lll" + "r" * 11 + "l")
+    machine, settings = report.get("machine", {}), report.get("settings", {})
+    variants = settings.get("variants", {})
+    notes = [
+        f"Machine: {machine.get('cpu')} ({machine.get('cpu_cores')} cores, {machine.get('torch_threads')} torch "
+        f"threads), torch {machine.get('torch')}, transformers {machine.get('transformers')}, {machine.get('device')}.",
+        f"Settings: max_new_tokens={settings.get('max_new_tokens')}, sampled at T={settings.get('temperature')} "
+        f"(no top-k/top-p), prompt_lookup_num_tokens={settings.get('prompt_lookup_num_tokens')}, "
+        f"ignore_eos={settings.get('ignore_eos')}.",
+        *(f"Variant {name}: LongSpark with {json.dumps(changed)}." for name, changed in variants.items()),
+        "tau = (new tokens - 1) / verification rounds; speedup is over plain generate in the same mode, end to end "
+        "(tok/s, prompt processing included) and for decoding alone (decode tok/s: the tokens after the first over "
+        'the time after the prefill); "vs best plain" is over the fastest plain path measured in the same run '
+        "(plain generate, on the fast verification path, with a static cache): "
+        + "; ".join(_best_plain_notes(report["rows"]))
+        + ". verify ms/round: target forward per round after the prefill (for plain generate, per decoding step); "
+        "lookup rounds: rounds that proposed the lookup continuation instead of a drafted block; plain rounds: rounds "
+        "that proposed nothing (the cost model found no source worth its cost), i.e. plain decoding steps.",
+    ]
+    if report.get("drafter", {}).get("trained") is False:
+        notes.append(RANDOM_DRAFTER)
+    acceptance = format_acceptance(report)
+    if acceptance.count("\n") > 2:
+        heading = "\nPer-position acceptance (P(drafts 1..i all accepted), over every verified round):\n\n"
+        notes.append(heading + acceptance)
+    return "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"

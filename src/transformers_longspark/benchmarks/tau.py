@@ -1,9 +1,7 @@
-"""Held-out greedy tau and per-position acceptance of several drafters on the same prompts (`longspark bench tau`).
-
-Every drafter decodes every prompt greedily with `target.generate(assistant_model=drafter)`; greedy decoding is
-lossless, so all of them must produce the same tokens, which is checked and reported (`greedy_identical`). Besides tau,
-the tokens per target step once each round is priced by this machine's calibrated costs (`inference.calibration`) say
-what a user gets, so that a cheaper drafter that accepts less can win.
+"""Held-out greedy tau and per-position acceptance of several drafters on the same prompts (`longspark bench tau`),
+and its tables and figure. Greedy decoding is lossless, so every drafter must produce the same tokens
+(`greedy_identical`). Besides tau, the tokens per target step once each round is priced by this machine's calibrated
+costs say what a user gets: a cheaper drafter that accepts less can win.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from ..inference.calibration import calibrated
 from ..inference.planning import RoundCosts
 from ..inference.stats import DraftingStats, tau
 from .common import machine_info
-from .report import _fmt, finish, table, two_panels
+from .report import finish, fmt, table, two_panels
 from .settings import TauSettings
 from .speed_summary import merge_histograms
 
@@ -58,12 +56,10 @@ def run_tau_benchmark(
     settings: TauSettings | None = None,
 ) -> dict[str, Any]:
     """`{"rows": [{workload, drafter, prompts, new_tokens, rounds, tau, acceptance_rates, accepted_histogram,
-    greedy_identical}], ...}` for every workload of `prompts` (`{workload: [{"input_ids": [...], ...}]}`) and every
-    drafter of `drafters` (name -> model), at `settings` (`TauSettings`, default `TauSettings()`).
-
-    `tokens_per_step` prices every round with the drafter's calibrated costs on this machine (`calibrated`,
-    reported as `costs`): `(new tokens - prompts) / sum of (1 + verify_cost(proposed) + drafter_cost(length))` over
-    the rounds, a drafter round costing `draft_round_cost` and a lookup round nothing; with all costs 0 it is tau."""
+    greedy_identical}], ...}` for every workload of `prompts` (`{workload: [{"input_ids": [...], ...}]}`) and drafter
+    of `drafters` (name -> model). `tokens_per_step` prices every round with the drafter's calibrated `costs`:
+    `(new tokens - prompts) / sum of (1 + verify_cost(proposed) + drafter_cost(length))` over the rounds (a lookup
+    round drafts nothing); with all costs 0 it is tau."""
     settings = settings or TauSettings()
     max_new_tokens = settings.max_new_tokens
     greedy = dict(max_new_tokens=max_new_tokens, do_sample=False)
@@ -134,8 +130,8 @@ def format_tau(result: Mapping[str, Any]) -> str:
     header = ["workload", "drafter", "prompts", "tau", "tokens per step", "drafter round (steps)", "rounds",
               "acceptance (draft 1, 1-2, ...)", "greedy identical"]  # fmt: skip
     rows = [
-        [row["workload"], row["drafter"], str(row["prompts"]), _fmt(row["tau"], ".3f"),
-         _fmt(row.get("tokens_per_step"), ".3f"), _fmt(row.get("costs", {}).get("draft_round_cost"), ".3f"),
+        [row["workload"], row["drafter"], str(row["prompts"]), fmt(row["tau"], ".3f"),
+         fmt(row.get("tokens_per_step"), ".3f"), fmt(row.get("costs", {}).get("draft_round_cost"), ".3f"),
          str(row["rounds"]), " ".join(f"{rate:.2f}" for rate in row["acceptance_rates"][:8]),
          "yes" if row["greedy_identical"] else "NO"]
         for row in result["rows"]
@@ -184,8 +180,8 @@ def format_tau_curve(result: Mapping[str, Any]) -> str:
 
 
 def plot_tau_curve(result: Mapping[str, Any], path: str | os.PathLike) -> Path:
-    """Tau (left) and the acceptance of the first draft (right) vs prefix length, one line per drafter, from a
-    `--by-length` run (workloads `long@<length>`). Writes `path` (PNG, PDF, ...)."""
+    """Tau (left) and the acceptance of the first draft (right) vs prefix length, one line per drafter, of a
+    `--by-length` run. Writes `path` (PNG, PDF, ...)."""
     curves, lengths = _curves(result)
     plt, fig, (tau_axis, first_axis) = two_panels(figsize=(10, 4))
     for name, rows in curves.items():
@@ -199,6 +195,3 @@ def plot_tau_curve(result: Mapping[str, Any], path: str | os.PathLike) -> Path:
     fig.suptitle(f"Greedy acceptance vs prefix length, {settings.get('max_new_tokens')} new tokens per prompt")
     labels = [(None, "tau (tokens per verification round)"), (None, "P(draft 1 accepted)")]
     return finish(plt, fig, (tau_axis, first_axis), lengths, labels, path)
-
-
-__all__ = ["FRESH_DRAFTERS", "format_tau", "format_tau_curve", "fresh_drafter", "plot_tau_curve", "run_tau_benchmark"]
