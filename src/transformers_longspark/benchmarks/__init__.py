@@ -1,5 +1,5 @@
 """Benchmarks, each a Python function taking the models, the prompts and one frozen settings object (`.settings`),
-and a `longspark bench` subcommand (what each measures: its module's docstring):
+and a `longspark bench` subcommand:
 
 * `run_speed_benchmark` (`longspark bench` / `bench speed`, `speed.py`): decoding speed side by side;
 * `run_batched_benchmark` (`bench --batch-sizes 1 2 4 8`, `batched.py`): plain vs LongSpark batched `generate`;

@@ -120,10 +120,8 @@ def run_memory_benchmark(
         "lengths": lengths,
         "extra_peak_growth_mib": lengths[-1]["extra_peak_mib"] - lengths[0]["extra_peak_mib"],
         "runs": runs,
-        "notes": (
-            "Peak RSS (ru_maxrss) of a fresh process per configuration; extra_peak_mib = assisted - plain peak "
-            "(drafter weights included). Peak RSS is a high-water mark: allocator noise of a few MiB is expected."
-        ),
+        "notes": "Peak RSS (ru_maxrss) of a fresh process per configuration, a high-water mark: allocator noise of a "
+        "few MiB is expected.",
         "machine": machine_info("cpu") | {"torch_threads": num_threads or torch.get_num_threads()},
     }
 

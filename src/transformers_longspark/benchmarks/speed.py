@@ -85,9 +85,8 @@ class _Runner:
     pad_token_id: int | None
     settings: SpeedSettings
     static_cache_len: int | None  # None: each static cache sized for its own call
-    # Which row counts the fast path runs on packed weights (`fast_verification`'s `blas_max_rows`,
-    # `max_packed_rows`), as this machine's calibration measured them for LongSpark: the plain methods on the fast
-    # path run with the same kernels.
+    # The row counts the fast path runs on packed weights (`fast_verification`'s `blas_max_rows`, `max_packed_rows`)
+    # as this machine's calibration measured them for LongSpark: the plain fast-path methods use the same kernels.
     packed_rows: dict[str, int] = field(default_factory=dict)
 
     @contextlib.contextmanager
@@ -178,14 +177,12 @@ def run_speed_benchmark(
     *,
     drafter_info: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The plain paths, prompt lookup, LongSpark and the full-prefix drafter, side by side on the same prompts.
+    """Every method of `settings` on the same prompts, interleaved (`_run_prompts`).
 
     Args:
         prompts: `{workload: [prompt, ...]}` or one list (workload `"prompts"`). A prompt is a dict with `input_ids`
             (and optional `name`/metadata), a 1-D tensor `(t,)` or a list of token ids.
         drafter_info: what the report says of the drafter (its folder, whether it is trained).
-
-    Per prompt, the methods run back to back in an order rotated from prompt to prompt (A/B/A/B interleaving).
 
     Returns:
         `{"machine", "settings", "drafter", "workloads": {name: {"prompts": [...], mode: {"methods": {method:
