@@ -17,6 +17,8 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache
 from transformers.cache_utils import Cache
 
+from .settings import DecodingSettings
+
 
 def synchronize(device: str | torch.device) -> None:
     """Waits for the device's queued work (CUDA kernels run asynchronously); a no-op on CPU."""
@@ -113,7 +115,9 @@ def time_forward_calls(model: torch.nn.Module, device: str | torch.device = "cpu
             handle.remove()
 
 
-def generate_kwargs(mode: str, max_new_tokens: int, settings, pad_token_id: int | None) -> dict[str, Any]:
+def generate_kwargs(
+    mode: str, max_new_tokens: int, settings: DecodingSettings, pad_token_id: int | None
+) -> dict[str, Any]:
     """`generate`'s decoding arguments: greedy, or (`mode == "sampled"`) plain sampling at `settings.temperature`, with
     no top-k / top-p truncation; `settings.ignore_eos` forces exactly `max_new_tokens` tokens."""
     kwargs: dict[str, Any] = dict(max_new_tokens=max_new_tokens, do_sample=mode == "sampled")
@@ -127,6 +131,7 @@ def generate_kwargs(mode: str, max_new_tokens: int, settings, pad_token_id: int 
 
 
 def eos_token_ids(target: torch.nn.Module) -> list[int]:
+    """The target's EOS ids (its generation config may give none, one, or several)."""
     eos = target.generation_config.eos_token_id
     return [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [eos]
 
