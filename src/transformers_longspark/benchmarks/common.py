@@ -170,6 +170,8 @@ def machine_info(device: str | torch.device = "cpu") -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "device": str(device),
+        # Read by OpenMP when torch starts: ACTIVE keeps its threads spinning between forwards (docs/results.md).
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
     }
     if torch.device(device).type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(torch.device(device))
