@@ -9,7 +9,13 @@ from transformers import GenerationConfig
 from helpers import make_bigram_target, make_drafter, make_target, tiny_config
 from transformers_longspark.inference.generation import LongSparkCandidateGenerator
 from transformers_longspark.training.data import Sequence, load_sequences
-from transformers_longspark.training.distillation import draft_loss, sample_anchors, sequence_loss, teacher_forced_batch
+from transformers_longspark.training.distillation import (
+    draft_loss,
+    feature_loss,
+    sample_anchors,
+    sequence_loss,
+    teacher_forced_batch,
+)
 from transformers_longspark.training.run import Trainer, TrainingConfig
 
 
@@ -281,21 +287,54 @@ def test_every_trainable_parameter_gets_a_gradient_in_one_distillation_step(tmp_
 
 
 def test_sequence_loss_uses_the_configs_loss_weights(tmp_path):
-    """`ce_weight`, `position_decay` and `divergence` reach `draft_loss` as configured (distinct values: a swap
-    shows)."""
+    """`ce_weight`, `position_decay`, `divergence` and `feature_weight` reach the loss as configured (distinct
+    values: a swap shows)."""
     target = make_bigram_target("llama", vocab_size=64, temperature=0.05)
     config = tiny_config(tmp_path)
-    config.ce_weight, config.position_decay, config.divergence = 0.3, 2.0, "kl"
+    config.ce_weight, config.position_decay, config.divergence, config.feature_weight = 0.3, 2.0, "kl", 0.7
     trainer = Trainer(config, target=target)
     sequence = Sequence(torch.tensor([1, 2, 3, 9, 4, 7, 7, 1, 30, 2, 5, 6]), 3)
     anchors = sample_anchors(sequence, config.anchors_per_sequence, torch.Generator().manual_seed(0))
     with torch.no_grad():
         loss = trainer.loss(trainer.drafter, sequence, torch.Generator().manual_seed(0))
         batch = teacher_forced_batch(target, trainer.drafter, sequence, anchors)
-        logits = trainer.drafter(batch.block_ids, batch.context, batch.previous_ids).logits
-        expected = draft_loss(logits, batch.target_probs, batch.labels, batch.valid, ce_weight=0.3, position_decay=2.0,
-                              divergence="kl")  # fmt: skip
-    torch.testing.assert_close(loss, expected)
+        output = trainer.drafter(batch.block_ids, batch.context, batch.previous_ids)
+        expected = draft_loss(output.logits, batch.target_probs, batch.labels, batch.valid, ce_weight=0.3,
+                              position_decay=2.0, divergence="kl")  # fmt: skip
+        features = feature_loss(output.hidden_states, batch.target_features, batch.valid, position_decay=2.0)
+    assert features > 0
+    torch.testing.assert_close(loss, expected + 0.7 * features)
+
+
+def test_feature_loss_matches_direct_computation_and_its_targets_are_the_features_that_give_p(tmp_path):
+    """The feature loss written out position by position; the batch's target features are the target's final
+    normed states one row before each label, i.e. its LM head turns them into the batch's `p_i` (an off-by-one in
+    the positions fails here); a negative weight is refused."""
+    g = torch.Generator().manual_seed(0)
+    features, target_features = torch.randn(4, 7, 6, generator=g), 2 * torch.randn(4, 7, 6, generator=g)
+    valid = torch.ones(4, 7, dtype=torch.bool)
+    valid[2, 3:] = False
+    total = weight_sum = 0.0
+    for a in range(4):
+        for i in range(7):
+            if valid[a, i]:
+                w = torch.exp(torch.tensor(-i / 4.0))
+                d = features[a, i] - target_features[a, i]
+                total += w * torch.where(d.abs() < 1, 0.5 * d**2, d.abs() - 0.5).mean()
+                weight_sum += w
+    torch.testing.assert_close(feature_loss(features, target_features, valid), total / weight_sum)
+    assert feature_loss(target_features, target_features, valid) == 0
+
+    target = make_target("llama")
+    drafter = make_drafter(target)
+    sequence = Sequence(torch.randint(3, target.config.vocab_size, (40,), generator=g), 5)
+    batch = teacher_forced_batch(target, drafter, sequence, sample_anchors(sequence, 8, g))
+    with torch.no_grad():
+        probs = target.lm_head(batch.target_features).float().softmax(-1)
+    torch.testing.assert_close(probs[batch.valid], batch.target_probs[batch.valid])
+    (tmp_path / "run.yaml").write_text("output_dir: out\ntrain_data: data\nfeature_weight: -1\n")
+    with pytest.raises(ValueError, match="feature_weight must be >= 0"):
+        TrainingConfig.from_file(tmp_path / "run.yaml")
 
 
 def test_sample_anchors_draws_distinct_sorted_anchors_over_the_whole_range():

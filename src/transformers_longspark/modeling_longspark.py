@@ -45,10 +45,13 @@ class LongSparkDrafterOutput(ModelOutput):
             `previous_ids` was given, base logits otherwise. Column `k` scores token `draft_vocab[k]` when the
             drafter has a draft vocabulary, token `k` otherwise.
         base_logits: `(N, B, output_vocab_size)`, before the Markov correction.
+        hidden_states: `(N, B, hidden_size)`, the slots' final features after the target's norm: what the LM head
+            reads (training's feature loss regresses them on the target's).
     """
 
     logits: torch.Tensor | None = None
     base_logits: torch.Tensor | None = None
+    hidden_states: torch.Tensor | None = None
 
 
 def _contents_key(tensors: tuple[torch.Tensor | None, ...]) -> tuple | None:
@@ -316,9 +319,10 @@ class LongSparkDrafterModel(DraftVocabularyMixin, LongSparkPreTrainedModel):
             hidden = layer(hidden, position_embeddings, keys, values, key_mask)
 
         head = self.output_head
-        base_logits = head(target.norm(hidden).to(head.weight.dtype)).float()
+        features = target.norm(hidden)
+        base_logits = head(features.to(head.weight.dtype)).float()
         logits = base_logits if previous_ids is None else base_logits + self.markov_correction(previous_ids).float()
-        return LongSparkDrafterOutput(logits=logits, base_logits=base_logits)
+        return LongSparkDrafterOutput(logits=logits, base_logits=base_logits, hidden_states=features)
 
     def _key_mask(self, context: DraftContext, n: int, b: int) -> torch.Tensor | None:
         if context.window_mask is None or not context.window_keys:

@@ -11,7 +11,11 @@ summary queries) and the final hidden states (the target distributions `p_i`). T
 forward as at inference on all anchors at once, with the Markov correction fed the true predecessors, and the loss
 `L_i = w_i [lam * CE + (1 - lam) * ||p_i - q_i||_1]`, `w_i = exp(-(i - 1) / decay)`, is normalised by the weights.
 `divergence="kl"` replaces the paper's L1 distance by the forward KL divergence `KL(p_i || q_i)` (EAGLE-3's soft
-cross-entropy), a recipe option (docs/results.md, "Recipe campaign": it did not beat L1 here).
+cross-entropy), a recipe option (docs/results.md, "Recipe campaign": it did not beat L1 here). `feature_weight > 0`
+adds EAGLE's feature regression (a design option, not the paper's): the smooth-L1 distance between each slot's final
+normed feature and the target's at the same position (the vector its LM head turns into `p_i`), with the same
+position weights: a dense signal on every feature dimension where the L1 distance of two distributions has little
+gradient on the tokens the target gives little mass.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class TeacherForcedBatch:
     labels: torch.LongTensor  # (A, B): drafter-logit column of x[t+1+i]; -1 when the drafter cannot propose it
     valid: torch.BoolTensor  # (A, B): label exists
     target_probs: torch.Tensor  # (A, B, V'): teacher-forced p_i of the tokens the drafter scores
+    target_features: torch.Tensor  # (A, B, hidden): the target's final normed features that give p_i
     context: DraftContext
 
 
@@ -106,6 +111,7 @@ def teacher_forced_batch(
         if config.draft_vocab_size is not None:
             log_p = log_p[:, drafter.draft_vocab.to(log_p.device)]
         target_probs = log_p.exp()[inverse]
+    target_features = final_hidden[label_positions - 1]
 
     # The same context views as inference reads (context_state.py), for every anchor's prefix `ids[:t]` at once.
     boundary = boundary_states(hidden, anchors - 1)
@@ -121,7 +127,7 @@ def teacher_forced_batch(
         for j, (keys, values) in enumerate(kv):
             summary_values.append(prefix_summaries(drafter.summary_queries[j], keys, values, anchors))
     context = DraftContext(boundary, window_keys, window_values, window_mask, summary_values, anchors)
-    return TeacherForcedBatch(block_ids, previous_ids, labels, valid, target_probs, context)
+    return TeacherForcedBatch(block_ids, previous_ids, labels, valid, target_probs, target_features, context)
 
 
 def draft_loss(
@@ -160,6 +166,24 @@ def draft_loss(
     return (weights * per_position).sum() / weights.sum()
 
 
+def feature_loss(
+    features: torch.Tensor,
+    target_features: torch.Tensor,
+    valid: torch.BoolTensor,
+    position_decay: float = POSITION_DECAY,
+) -> torch.Tensor:
+    """`sum_i w_i * mean_d smooth_l1(h_i, h*_i) / sum_i w_i` over valid positions (EAGLE's feature regression).
+
+    Args:
+        features: `(A, B, H)` the drafter's final normed slot features. target_features: `(A, B, H)` the target's
+            at the same positions. valid: `(A, B)`, False past the sequence.
+    """
+    distance = F.smooth_l1_loss(features.float(), target_features.float(), reduction="none").mean(-1)
+    positions = torch.arange(valid.shape[1], device=valid.device, dtype=torch.float32)
+    weights = torch.exp(-positions / position_decay)[None].expand_as(distance) * valid
+    return (weights * distance).sum() / weights.sum()
+
+
 def sequence_loss(
     target,
     drafter,
@@ -170,12 +194,21 @@ def sequence_loss(
     window_dropout: float = 0.0,
     generator: torch.Generator | None = None,
     divergence: str = "l1",
+    feature_weight: float = 0.0,
 ) -> torch.Tensor:
-    """`draft_loss` of the anchors of one sequence; `drafter` may be wrapped (DDP: `.module`)."""
+    """`draft_loss` (plus `feature_weight` times `feature_loss`) of the anchors of one sequence; `drafter` may be
+    wrapped (DDP: `.module`)."""
     model = drafter.module if hasattr(drafter, "module") else drafter
     batch = teacher_forced_batch(target, model, sequence, anchors, window_dropout, generator)
-    logits = drafter(batch.block_ids, batch.context, batch.previous_ids).logits
-    return draft_loss(logits, batch.target_probs, batch.labels, batch.valid, ce_weight, position_decay, divergence)
+    output = drafter(batch.block_ids, batch.context, batch.previous_ids)
+    loss = draft_loss(
+        output.logits, batch.target_probs, batch.labels, batch.valid, ce_weight, position_decay, divergence
+    )
+    if feature_weight:
+        loss = loss + feature_weight * feature_loss(
+            output.hidden_states, batch.target_features, batch.valid, position_decay
+        )
+    return loss
 
 
 __all__ = [
@@ -186,5 +219,6 @@ __all__ = [
     "TeacherForcedBatch",
     "teacher_forced_batch",
     "draft_loss",
+    "feature_loss",
     "sequence_loss",
 ]

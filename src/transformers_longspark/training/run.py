@@ -60,6 +60,7 @@ class TrainingConfig:
     ce_weight: float = CE_WEIGHT  # lam in the loss
     position_decay: float = POSITION_DECAY  # w_i = exp(-(i - 1) / position_decay)
     divergence: str = "l1"  # the loss's distance between p_i and q_i: "l1" (the paper's) or "kl" (forward KL)
+    feature_weight: float = 0.0  # weight of EAGLE's feature regression on the target's final features (0: the paper)
     window_dropout: float = 0.0  # fraction of anchors trained without their recent window (summary + boundary only)
     checkpoint_every: int = 100
     eval_every: int = 100
@@ -86,6 +87,9 @@ class TrainingConfig:
         if self.divergence not in DIVERGENCES:
             raise ValueError(f"divergence must be one of {DIVERGENCES}, got {self.divergence!r}: \"l1\" is the "
                              "paper's loss, \"kl\" the forward KL divergence.")  # fmt: skip
+        if self.feature_weight < 0:
+            raise ValueError(f"feature_weight must be >= 0, got {self.feature_weight}: it weighs the feature "
+                             "regression added to the loss (0 turns it off).")  # fmt: skip
         if not 0.0 <= self.window_dropout < 1.0:
             raise ValueError(f"window_dropout must lie in [0, 1), got {self.window_dropout}: it is the fraction of "
                              "anchors trained without their recent window.")  # fmt: skip
@@ -315,6 +319,7 @@ class Trainer:
         return sequence_loss(
             self.target, drafter, sequence, anchors, ce_weight=c.ce_weight, position_decay=c.position_decay,
             window_dropout=c.window_dropout, generator=generator, divergence=c.divergence,
+            feature_weight=c.feature_weight,
         )  # fmt: skip
 
     @torch.no_grad()
