@@ -180,6 +180,9 @@ def test_config_file_and_unknown_fields(tmp_path):
     path.write_text("output_dir: out\ntrain_data: data\ndivergence: js\n")
     with pytest.raises(ValueError, match="divergence must be one of"):
         TrainingConfig.from_file(path)
+    path.write_text("output_dir: out\ntrain_data: data\nmixed_precision: bfloat16\n")
+    with pytest.raises(ValueError, match="mixed_precision must be one of"):
+        TrainingConfig.from_file(path)
     with pytest.raises(ValueError, match="longspark regenerate"):
         load_sequences(tmp_path, 64)
 

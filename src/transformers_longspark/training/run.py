@@ -33,6 +33,8 @@ from .distillation import CE_WEIGHT, DIVERGENCES, POSITION_DECAY, sample_anchors
 from .prompt_sources import interleave
 from .warm_start import init_from_target, select_target_layers, warm_start_config
 
+MIXED_PRECISIONS = ("auto", "no", "bf16", "fp16")  # accelerate's, and "auto": bf16 autocast on a GPU, else fp32
+
 logger = logging.getLogger(__name__)
 
 
@@ -69,7 +71,7 @@ class TrainingConfig:
     tau_new_tokens: int = 96
     seed: int = 0
     num_threads: int | None = None
-    mixed_precision: str = "auto"  # "auto": bf16 autocast on GPU, fp32 on CPU
+    mixed_precision: str = "auto"  # "auto": bf16 autocast on GPU, fp32 on CPU (MIXED_PRECISIONS)
 
     @classmethod
     def from_file(cls, path: str | Path, **overrides: Any) -> TrainingConfig:
@@ -90,6 +92,9 @@ class TrainingConfig:
         if self.feature_weight < 0:
             raise ValueError(f"feature_weight must be >= 0, got {self.feature_weight}: it weighs the feature "
                              "regression added to the loss (0 turns it off).")  # fmt: skip
+        if self.mixed_precision not in MIXED_PRECISIONS:
+            raise ValueError(f"mixed_precision must be one of {MIXED_PRECISIONS}, got {self.mixed_precision!r}: "
+                             "\"no\" trains in fp32, \"bf16\" under bf16 autocast.")  # fmt: skip
         if not 0.0 <= self.window_dropout < 1.0:
             raise ValueError(f"window_dropout must lie in [0, 1), got {self.window_dropout}: it is the fraction of "
                              "anchors trained without their recent window.")  # fmt: skip
