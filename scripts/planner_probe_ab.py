@@ -15,6 +15,7 @@ import time
 from collections import Counter
 
 import torch
+from session_before_after import FirstToken  # a streamer that notes when the first new token arrives
 
 from transformers_longspark.benchmarks.prompts import long_context_prompts, short_prompts
 from transformers_longspark.inference import planning
@@ -65,21 +66,6 @@ VARIANTS = {
     "probe in plain rounds": variant(untried_at_prior=False),
     "probe in plain rounds, untried at the prior": variant(untried_at_prior=True),
 }
-
-
-class FirstTokenClock:
-    """A `generate` streamer that notes when the first new token arrives (its second `put`; the first is the prompt)."""
-
-    def __init__(self):
-        self.puts, self.first = 0, None
-
-    def put(self, value):
-        self.puts += 1
-        if self.puts == 2:
-            self.first = time.perf_counter()
-
-    def end(self):
-        pass
 
 
 def trace(target, drafter, prompts) -> None:
@@ -135,10 +121,10 @@ def main() -> None:
             for order in (list(VARIANTS), list(reversed(VARIANTS))):
                 for name in order:
                     planning.RoundPlanner.choose = VARIANTS[name]
-                    clock = FirstTokenClock()
+                    clock = FirstToken()
                     out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
                                           do_sample=False, assistant_model=drafter, streamer=clock)  # fmt: skip
-                    seconds = time.perf_counter() - clock.first
+                    seconds = time.perf_counter() - clock.time
                     reference = out if reference is None else reference
                     if not torch.equal(out, reference):
                         raise SystemExit(f"{name}: greedy output differs on {prompt['name']}")
