@@ -13,12 +13,17 @@
 # Responses already sampled are rebuilt from the committed archives in regenerated/smollm2 (seconds, not hours); to
 # add new ones there: longspark pack data/smollm2 regenerated/smollm2 (safe while this script still runs).
 # Usage: bash scripts/regenerate_smollm2.sh [OUTPUT_DIR]   (default data/smollm2; needs scripts/install_vllm.sh)
+#        bash scripts/regenerate_smollm2.sh data/smollm2-greedy greedy
+#   the greedy set instead: one greedy answer per training prompt (1,870 records, 367K response tokens, ~26 minutes
+#   on the Intel Xeon; archived in regenerated/smollm2-greedy), what a drafter for greedy decoding trains on.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+sampling=(--samples-per-prompt 6 --archives regenerated/smollm2)
+[ "${2:-}" = greedy ] && sampling=(--samples-per-prompt 1 --temperature 0 --archives regenerated/smollm2-greedy)
 for attempt in 1 2 3 4 5; do  # a dead engine (e.g. on a starved machine) costs one batch: start again
   .venv-vllm/bin/python -m transformers_longspark.cli regenerate --engine vllm --dtype float32 \
-    --prompts gsm8k mmath-en stdlib-code --held-out 40 --seed 0 --samples-per-prompt 6 \
-    --max-new-tokens 256 --batch-size 128 --archives regenerated/smollm2 --output "${1:-data/smollm2}" && exit 0
+    --prompts gsm8k mmath-en stdlib-code --held-out 40 --seed 0 "${sampling[@]}" \
+    --max-new-tokens 256 --batch-size 128 --output "${1:-data/smollm2}" && exit 0
   echo "regenerate stopped (attempt $attempt); resuming in 10 s" >&2; sleep 10
 done
 exit 1
