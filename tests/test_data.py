@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import json
 import lzma
@@ -17,6 +18,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from transformers_longspark.cli import add_regenerate_arguments
 from transformers_longspark.training import prompt_sources
 from transformers_longspark.training import regenerate as data
+from transformers_longspark.training.data import load_sequences
 from transformers_longspark.training.prompt_sources import (
     builtin_prompt_source,
     interleave,
@@ -95,10 +97,17 @@ def test_normalize_plain_prompt(field):
     assert prompt == {"messages": [{"role": "user", "content": "2+2?"}], "source": "file"}
 
 
+def test_normalize_raw_text_prompt():
+    assert normalize_record({"text": "def f(x):\n"}, 0, default_source="code") == {"text": "def f(x):\n",
+                                                                                 "source": "code"}  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("record", "message"),
     [
-        ({"text": "no prompt field"}, "none of the fields 'messages', 'prompt'"),
+        ({"answer": "no prompt field"}, "none of the fields 'messages', 'prompt'"),
+        ({"text": ""}, "'text' .* must be a non-empty string"),
+        ({"text": ["a list"]}, "'text' .* must be a non-empty string"),
         ({"messages": [{"role": "user"}]}, "must be a list of"),
         ({"messages": [{"role": "assistant", "content": "only an answer"}]}, "no user turn"),
     ],
@@ -119,7 +128,7 @@ def test_load_prompts_from_jsonl_and_dataset(tmp_path):
     from_dataset = load_prompts(datasets.Dataset.from_list([{"prompt": "x"}, {"prompt": "y"}]))
     assert [p["messages"][0]["content"] for p in from_dataset] == ["x", "y"]
 
-    path.write_text(json.dumps({"text": "bad"}) + "\n")
+    path.write_text(json.dumps({"answer": "bad"}) + "\n")
     with pytest.raises(ValueError, match="Prompt record 0"):
         load_prompts(path)
 
@@ -203,6 +212,29 @@ def test_regenerate_writes_loadable_records(tmp_path, target):
         assert record["prompt_ids"] == tokenizer(templated, add_special_tokens=False)["input_ids"]
         assert 1 <= len(record["response_ids"]) <= SETTINGS["max_new_tokens"]
     assert json.loads((output / data.CONFIG_FILE).read_text())["num_prompts"] == len(PROMPTS)
+
+
+def test_regenerate_continues_raw_text_without_the_chat_template(tmp_path, target):
+    model, tokenizer = target
+    prompts = [{"text": "def add(a, b):\n    return", "source": "code"}, {"text": "x = 1\ny ="}]
+    output = regenerate(prompts, tmp_path / "out", model, tokenizer, **SETTINGS)
+    records = _records(output)
+    for record, prompt in zip(records, prompts):
+        assert record["text"] == prompt["text"] and "messages" not in record
+        assert record["prompt_ids"] == tokenizer(prompt["text"], add_special_tokens=False)["input_ids"]
+        assert record["response"] == tokenizer.decode(record["response_ids"], skip_special_tokens=True)
+    sequences = load_sequences(output, max_seq_len=64)  # trains like a chat's: anchors in the response
+    assert [s.anchor_start for s in sequences] == [len(r["prompt_ids"]) for r in records]
+
+
+def test_chat_prompt_lists_keep_their_hash():
+    """Response archives are keyed by the prompt list's hash: a chat list hashes as its messages, as it always has
+    (the committed archives of `regenerated/` stay valid)."""
+    engine = type("Engine", (), {"target": "t", "name": "transformers", "dtype": "float32"})()
+    records = load_prompts(PROMPTS)
+    messages = json.dumps([r["messages"] for r in records], sort_keys=True).encode()
+    config = data._run_config(records, engine, 0, data.Sampling(4, 0.7, 0.8, 20))
+    assert config["prompts_sha256"] == hashlib.sha256(messages).hexdigest()
 
 
 def test_regenerate_limit_then_extend(tmp_path, target):

@@ -2,8 +2,8 @@
 
 :func:`load_prompts` reads a builtin source (:data:`BUILTIN_SOURCES`: GSM8K, MMATH, code cut from the Python
 standard library), a JSONL/JSON file, a ``datasets`` dataset or any iterable of records, and normalizes every record
-into a :data:`Prompt` (a user chat). :func:`split_prompts` holds prompts out for evaluation, deterministically, and
-:func:`interleave` merges sources round-robin.
+into a :data:`Prompt` (a user chat, or raw text to continue). :func:`split_prompts` holds prompts out for
+evaluation, deterministically, and :func:`interleave` merges sources round-robin.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from typing import Any
 from ..files import looks_like_hub_id, read_json, read_jsonl
 
 Prompt = dict[str, Any]
-"""A normalized prompt: ``{"messages": [{"role": ..., "content": ...}, ...], "source": str}``."""
+"""A normalized prompt: a chat, ``{"messages": [{"role": ..., "content": ...}, ...], "source": str}``, or raw text
+that the target continues without its chat template, ``{"text": str, "source": str}`` (code or prose cut at some
+point, as the benchmarks' long prompts are)."""
 
 PROMPT_FIELDS = ("prompt", "question", "problem")
 MMATH_LANGUAGES = ("ar", "en", "es", "fr", "ja", "ko", "pt", "th", "vi", "zh")
@@ -40,22 +42,28 @@ def normalize_record(record: Mapping[str, Any], index: int, default_source: str 
     """Turns one input record into a :data:`Prompt`.
 
     Accepts a chat (``{"messages": [{"role", "content"}, ...]}``; trailing assistant turns are dropped, since the
-    target writes that answer) or a plain prompt in a ``prompt``, ``question`` or ``problem`` field. A string
-    ``source`` field is kept, otherwise ``default_source`` is used.
+    target writes that answer), a plain prompt in a ``prompt``, ``question`` or ``problem`` field (a user turn), or
+    raw text to continue in a ``text`` field. A string ``source`` field is kept, otherwise ``default_source`` is used.
     """
+    source = record.get("source")
+    source = source if isinstance(source, str) else default_source
     if "messages" in record:
         messages = _validate_messages(record["messages"], index)
+    elif "text" in record:
+        if not isinstance(record["text"], str) or not record["text"]:
+            raise ValueError(f"Prompt record {index}: 'text' (raw text for the target to continue) must be a "
+                             f"non-empty string, got {type(record['text']).__name__}.")  # fmt: skip
+        return {"text": record["text"], "source": source}
     else:
         field = next((name for name in PROMPT_FIELDS if isinstance(record.get(name), str)), None)
         if field is None:
             raise ValueError(
-                f"Prompt record {index} has none of the fields 'messages', 'prompt', 'question' or 'problem' "
-                f"(its fields: {sorted(record)}). Fix: put the user prompt in a 'prompt' field, or give a chat as "
-                "'messages': [{'role': 'user', 'content': ...}]."
+                f"Prompt record {index} has none of the fields 'messages', 'prompt', 'question', 'problem' or "
+                f"'text' (its fields: {sorted(record)}). Fix: put the user prompt in a 'prompt' field, give a chat "
+                "as 'messages': [{'role': 'user', 'content': ...}], or raw text to continue as 'text'."
             )
         messages = [{"role": "user", "content": record[field]}]
-    source = record.get("source")
-    return {"messages": messages, "source": source if isinstance(source, str) else default_source}
+    return {"messages": messages, "source": source}
 
 
 def _validate_messages(messages: Any, index: int) -> list[dict[str, str]]:

@@ -9,6 +9,9 @@ itself. :func:`regenerate` writes one JSON object per line into ``<output_dir>/p
      "prompt_ids": [...],           # the chat-templated prompt, as fed to the target
      "response_ids": [...]}         # the sampled response, ending with EOS if the target emitted one
 
+A raw-text prompt (``{"text": ...}``, e.g. code cut at some point) is fed without the chat template, as the
+benchmarks' long prompts are, and its record has ``"text"`` and ``"response"`` in place of ``"messages"``.
+
 Load them with ``datasets.load_dataset("json", data_files=str(output_dir / "part-*.jsonl"))``. The run's settings
 are kept in ``<output_dir>/regenerate_config.json``, each run's throughput in ``regenerate_log.json``; rerunning the
 same command after an interruption (even ``kill -9``) continues where it stopped, without duplicating or losing
@@ -66,9 +69,10 @@ def regenerate(
     """Samples the frozen target's response to every prompt and writes the records to ``output_dir``.
 
     ``prompts`` is anything :func:`load_prompts` accepts (a list of :data:`Prompt` included); ``limit`` keeps only
-    the first ``limit`` prompts. Each prompt gets the target's chat template (``add_generation_prompt=True``,
-    ``enable_thinking=False``) and is sampled with temperature/top-k/top-p (``temperature=0``: greedy) by ``model``:
-    a transformers model (batched ``generate``) or an engine of :mod:`.response_engines` (vLLM's included). Record
+    the first ``limit`` prompts. Each chat prompt gets the target's chat template (``add_generation_prompt=True``,
+    ``enable_thinking=False``; raw-text prompts none) and is sampled with temperature/top-k/top-p
+    (``temperature=0``: greedy) by ``model``: a transformers model (batched ``generate``) or an engine of
+    :mod:`.response_engines` (vLLM's included). Record
     ``id`` samples with the seed ``seed + id``, so its response does not depend on how the run was batched or
     interrupted (up to float rounding); a run resumes only on the engine that began it. Records are appended per
     finished batch (flushed and fsynced); a rerun skips the ids already written and drops a half-written last line.
@@ -92,7 +96,7 @@ def regenerate(
     restored = [i for i in pending if i in archived]
     for start in range(0, len(restored), 1024):
         ids = restored[start : start + 1024]
-        prompt_ids = [_prompt_ids(tokenizer, records[i]["messages"]) for i in ids]
+        prompt_ids = [_prompt_ids(tokenizer, records[i]) for i in ids]
         batch = [_output_record(i, records[i], p, archived[i], tokenizer) for i, p in zip(ids, prompt_ids)]
         _append_records(shard, batch)
     pending = [i for i in pending if i not in archived]
@@ -103,7 +107,7 @@ def regenerate(
     started, generated = time.monotonic(), 0
     for start in range(0, len(pending), batch_size):
         ids = pending[start : start + batch_size]
-        prompt_ids = [_prompt_ids(tokenizer, records[i]["messages"]) for i in ids]
+        prompt_ids = [_prompt_ids(tokenizer, records[i]) for i in ids]
         responses = engine.generate(prompt_ids, [seed + i for i in ids], sampling)
         batch = [_output_record(i, records[i], p, r, tokenizer) for i, p, r in zip(ids, prompt_ids, responses)]
         _append_records(shard, batch)
@@ -167,7 +171,9 @@ def _run_config(
     records: Sequence[Prompt], engine: TransformersEngine | VLLMEngine, seed: int, sampling: Sampling
 ) -> dict[str, Any]:
     """What a resumed run must share with the original one (the prompt list is hashed)."""
-    prompt_hash = hashlib.sha256(json.dumps([r["messages"] for r in records], sort_keys=True).encode()).hexdigest()
+    # A chat is hashed as its messages alone, so that the archives of chat-only runs keep their keys.
+    keyed = [r["messages"] if "messages" in r else {"text": r["text"]} for r in records]
+    prompt_hash = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()
     return {
         "target": engine.target,
         "engine": engine.name,
@@ -195,11 +201,16 @@ def _check_run_config(output: Path, config: dict[str, Any]) -> None:
         path.write_text(json.dumps(config, indent=2) + "\n")
 
 
-def _prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
-    """The chat-templated prompt as token ids (the template adds any BOS itself)."""
+def _prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: Prompt) -> list[int]:
+    """The prompt as token ids: a chat templated (the template adds any BOS itself), raw text as it is."""
+    if "text" in prompt:
+        return tokenizer(prompt["text"], add_special_tokens=False)["input_ids"]
     if not tokenizer.chat_template:
-        raise ValueError("The target's tokenizer has no chat template; regenerate needs a chat/instruct target.")
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+        raise ValueError("The target's tokenizer has no chat template; regenerate's chat prompts need a chat/instruct "
+                         "target (raw-text prompts, {'text': ...}, need none).")  # fmt: skip
+    text = tokenizer.apply_chat_template(
+        prompt["messages"], tokenize=False, add_generation_prompt=True, enable_thinking=False
+    )
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
@@ -207,13 +218,12 @@ def _output_record(
     record_id: int, prompt: Prompt, prompt_ids: list[int], response_ids: list[int], tokenizer: PreTrainedTokenizerBase
 ) -> dict[str, Any]:
     response = tokenizer.decode(response_ids, skip_special_tokens=True)
-    return {
-        "id": record_id,
-        "source": prompt["source"],
-        "messages": [*prompt["messages"], {"role": "assistant", "content": response}],
-        "prompt_ids": prompt_ids,
-        "response_ids": response_ids,
-    }
+    if "text" in prompt:
+        turns = {"text": prompt["text"], "response": response}
+    else:
+        turns = {"messages": [*prompt["messages"], {"role": "assistant", "content": response}]}
+    return {"id": record_id, "source": prompt["source"], **turns, "prompt_ids": prompt_ids,
+            "response_ids": response_ids}  # fmt: skip
 
 
 def _append_records(shard: Path, records: list[dict[str, Any]]) -> None:
