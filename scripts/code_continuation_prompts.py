@@ -10,7 +10,7 @@ at most `--max-tokens` tokens in (drawn with `--seed`, so the same corpus gives 
 
     python scripts/code_continuation_prompts.py --corpus data/corpora/code/train --output data/code-prompts.jsonl
     .venv-vllm/bin/longspark regenerate --engine vllm --prompts data/code-prompts.jsonl --temperature 0 \
-        --max-new-tokens 128 --held-out 0 --output data/smollm2-code-greedy
+        --max-new-tokens 128 --held-out 40 --output data/smollm2-code-greedy
 """
 
 from __future__ import annotations

@@ -26,10 +26,12 @@ IGNORED_FIELDS = {"output_dir"}
 
 
 def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """`{"drafter": {"a": 1}}` -> `{"drafter.a": 1}`."""
+    """`{"drafter": {"a": 1}, "train_data": [{"path": "x"}]}` -> `{"drafter.a": 1, "train_data.0.path": "x"}`."""
     flat = {}
     for key, value in values.items():
         name = f"{prefix}{key}"
+        if isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
+            value = {str(index): item for index, item in enumerate(value)}
         flat.update(flatten(value, f"{name}.") if isinstance(value, dict) else {name: value})
     return flat
 

@@ -175,6 +175,8 @@ def report_table(path: Path) -> str:
         return recipe_campaign_table(report)
     if kind == "batched":
         return format_batched(report)
+    if kind == "teacher_forced_tau":
+        return teacher_forced_tau_table(report)
     raise SystemExit(f"{path}: no table for a report of kind {kind!r} (its 'benchmark' field).")
 
 
@@ -287,6 +289,23 @@ def recipe_campaign_table(report: dict[str, Any]) -> str:
     header = ["arm", "change", "CPU-hours",
               *(h for w in workloads for h in (f"{w}: tau / tokens per step", f"{w}: round (steps)"))]  # fmt: skip
     return _table(header, rows, note, text_columns=2)
+
+
+def teacher_forced_tau_table(report: dict[str, Any]) -> str:
+    """The table `scripts/teacher_forced_tau.py --json` prints: each drafter's chained whole-block greedy tau on
+    held-out greedy records, overall and per prompt source, and how often each slot is reached."""
+    drafters, machine = report["drafters"], report.get("machine", {})
+    sources = sorted({k for row in drafters.values() for k in row} - {"path", "all"})
+    rows = [[f"`{name}`", *(f"{row[k]['tau']:.3f}" for k in ("all", *sources)),
+             " / ".join(f"{rate:.3f}" for rate in row["all"]["acceptance_rates"][:3])]
+            for name, row in drafters.items()]  # fmt: skip
+    anchors = next(iter(drafters.values()))["all"]["anchors"]
+    note = (f"Whole-block greedy tau of each drafter alone, teacher-forced on the {report['num_records']} greedy "
+            f"records of `{report['records']}` ({anchors:,} anchors), rounds chained from each response's first "
+            f"token; P(accepted >= i) over every anchor; fp32; {machine.get('cpu', 'an unknown CPU')}, torch "
+            f"{machine.get('torch', '?')}.")  # fmt: skip
+    header = ["drafter", "tau", *(f"{s}: tau" for s in sources), "P(accepted >= 1 / 2 / 3)"]
+    return _table(header, rows, note)
 
 
 def render_tables(text: str) -> str:

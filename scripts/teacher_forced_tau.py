@@ -61,10 +61,12 @@ def accepted_lengths(target, drafter, sequence: Sequence) -> torch.Tensor:
 
 
 def chained_rounds(sequence: Sequence, accepted: torch.Tensor) -> list[int]:
-    """Accepted drafts of each round of greedy decoding from the first response token to the record's end."""
+    """Accepted drafts of each round of greedy decoding from the first response token to the record's end. As in
+    `generate` with `max_new_tokens` at the record's length, a round leaves the last token to its verification: at
+    anchor `t` it keeps at most `T - 2 - t` drafts."""
     rounds, t, last = [], sequence.anchor_start, len(sequence.ids) - 2
     while t <= last:
-        rounds.append(int(accepted[t]))
+        rounds.append(min(int(accepted[t]), last - t))
         t += 1 + rounds[-1]
     return rounds
 
@@ -97,7 +99,8 @@ def main() -> None:
     if not records:
         raise SystemExit(f"No records with a response in {args.records}; write them with `longspark regenerate "
                          f"--temperature 0 ...`.")  # fmt: skip
-    report = {"records": str(args.records), "num_records": len(records), "drafters": {}, "machine": machine_info()}
+    report = {"benchmark": "teacher_forced_tau", "records": str(args.records), "num_records": len(records),
+              "drafters": {}, "machine": machine_info()}  # fmt: skip
     for name, path in drafters.items():
         drafter, _ = load_drafter(target, path)
         drafter.bind_target(target)
