@@ -27,24 +27,11 @@ from pathlib import Path
 import torch
 
 from transformers_longspark.benchmarks.common import machine_info
-from transformers_longspark.files import read_jsonl
 from transformers_longspark.loading import load_drafter, load_target
-from transformers_longspark.training.data import Sequence
+from transformers_longspark.training.data import Sequence, load_sequences
 from transformers_longspark.training.distillation import teacher_forced_batch
 
 ANCHORS_PER_FORWARD = 128  # bounds the memory of one drafter forward (each anchor holds its own window views)
-
-
-def load_records(folder: Path, max_seq_len: int) -> list[tuple[str, Sequence]]:
-    """`(source, sequence)` of every record with at least two response tokens, by id."""
-    records = sorted((r for shard in sorted(folder.glob("*.jsonl")) for r in read_jsonl(shard, "Records")),
-                     key=lambda r: r["id"])  # fmt: skip
-    out = []
-    for record in records:
-        ids = (record["prompt_ids"] + record["response_ids"])[:max_seq_len]
-        if len(ids) - len(record["prompt_ids"]) >= 2:
-            out.append((record.get("source", ""), Sequence(torch.tensor(ids), len(record["prompt_ids"]))))
-    return out
 
 
 @torch.no_grad()
@@ -95,19 +82,16 @@ def main() -> None:
     torch.set_num_threads(args.num_threads)
     drafters = dict(spec.split("=", 1) for spec in args.drafter)
     target, _ = load_target(args.target)
-    records = load_records(args.records, args.max_seq_len)[: args.limit]
-    if not records:
-        raise SystemExit(f"No records with a response in {args.records}; write them with `longspark regenerate "
-                         f"--temperature 0 ...`.")  # fmt: skip
+    records = load_sequences(args.records, args.max_seq_len)[: args.limit]
     report = {"benchmark": "teacher_forced_tau", "records": str(args.records), "num_records": len(records),
               "drafters": {}, "machine": machine_info()}  # fmt: skip
     for name, path in drafters.items():
         drafter, _ = load_drafter(target, path)
         drafter.bind_target(target)
         rounds, anchors = defaultdict(list), defaultdict(list)
-        for source, sequence in records:
+        for sequence in records:
             accepted = accepted_lengths(target, drafter, sequence)
-            for key in ("all", source):
+            for key in ("all", sequence.source):
                 rounds[key] += chained_rounds(sequence, accepted)
                 anchors[key] += accepted[sequence.anchor_start : len(sequence.ids) - 1].tolist()
         block = drafter.config.block_size

@@ -17,12 +17,13 @@ class Sequence:
     response) or packed text (`corpora.pack_documents`: anchors everywhere).
 
     `prompt_length` tokens are the prompt that held-out tau measurement continues; anchors `t` start at
-    `anchor_start` (default: `prompt_length`, the response).
+    `anchor_start` (default: `prompt_length`, the response). `source`: a regenerated record's prompt source.
     """
 
     ids: torch.LongTensor
     prompt_length: int
     anchor_start: int | None = None
+    source: str = ""
 
     def __post_init__(self):
         if self.anchor_start is None:
@@ -55,7 +56,7 @@ def load_sequences(path: str | Path, max_seq_len: int) -> list[Sequence]:
     for record in records:
         ids = (record["prompt_ids"] + record["response_ids"])[:max_seq_len]
         if len(ids) - len(record["prompt_ids"]) >= 2:
-            sequences.append(Sequence(torch.tensor(ids), len(record["prompt_ids"])))
+            sequences.append(Sequence(torch.tensor(ids), len(record["prompt_ids"]), source=record.get("source", "")))
     return sequences
 
 
