@@ -9,7 +9,12 @@ from transformers_longspark.context_state import LongSparkContextState, read_con
 from transformers_longspark.modeling_longspark import LongSparkDrafterModel
 from transformers_longspark.training.data import Sequence
 from transformers_longspark.training.distillation import teacher_forced_batch
-from transformers_longspark.training.warm_start import init_from_target, select_target_layers, warm_start_config
+from transformers_longspark.training.warm_start import (
+    init_from_target,
+    select_target_layers,
+    warm_start_config,
+    widen_mlp,
+)
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])  # without and with per-head q/k norms
@@ -77,3 +82,40 @@ def test_selecting_layers_the_drafter_lacks_is_refused(layer_ids):
     layer_ids = drafter.config.target_layer_ids[::-1] if layer_ids == "reversed" else layer_ids
     with pytest.raises(ValueError, match="increasing subset of the init drafter"):
         select_target_layers(drafter, layer_ids)
+
+
+def test_a_widened_mlp_computes_what_the_narrower_drafter_did_and_gains_the_target_neurons_it_lacked():
+    """Widening adds the target's next neurons with zero output columns: the same logits at the start, the old neurons
+    kept in place, the new rows the target's (none of them already in the drafter), and a gradient on the new output
+    columns (so training grows into them)."""
+    target = make_target("llama")  # intermediate 64 (tests/helpers.py)
+    narrow = init_from_target(LongSparkDrafterModel(warm_start_config(target, intermediate_size=16)), target)
+    target_rows = [tuple(row.tolist()) for row in target.model.layers[0].mlp.up_proj.weight]
+    kept = {target_rows.index(tuple(row.tolist())) for row in narrow.layers[0].mlp.up_proj.weight}
+    with torch.no_grad():  # a trained drafter's weights have moved off the target's
+        for parameter in narrow.parameters():
+            parameter.add_(0.01 * torch.randn_like(parameter))
+    wide = widen_mlp(narrow, 40, target)
+    assert wide.config.intermediate_size == 40 and narrow.config.intermediate_size == 16
+    old, new = narrow.layers[0].mlp, wide.layers[0].mlp
+    torch.testing.assert_close(new.up_proj.weight[:16], old.up_proj.weight)
+    added = [target_rows.index(tuple(row.tolist())) for row in new.up_proj.weight[16:]]
+    assert len(set(added)) == 24 and not set(added) & kept
+    sequence = Sequence(torch.randint(0, 64, (30,), generator=torch.Generator().manual_seed(0)), prompt_length=3)
+    anchors = torch.tensor([3, 9, 20, 27])
+    logits = []
+    for drafter in (narrow, wide):
+        drafter.bind_target(target)
+        batch = teacher_forced_batch(target, drafter, sequence, anchors)
+        logits.append(drafter(batch.block_ids, batch.context, batch.previous_ids).logits)
+    torch.testing.assert_close(logits[1], logits[0].detach(), rtol=1e-5, atol=1e-5)
+    logits[1].square().sum().backward()
+    assert new.down_proj.weight.grad[:, 16:].abs().sum() > 0
+
+
+@pytest.mark.parametrize("width", [16, 8, 65])
+def test_widening_to_no_wider_or_past_the_target_is_refused(width):
+    target = make_target("llama")
+    narrow = init_from_target(LongSparkDrafterModel(warm_start_config(target, intermediate_size=16)), target)
+    with pytest.raises(ValueError, match="wider than the init drafter's 16 and at most the target's 64"):
+        widen_mlp(narrow, width, target)

@@ -31,7 +31,7 @@ from .corpora import DataMixture, data_sources
 from .data import Sequence, regenerate_hint
 from .distillation import CE_WEIGHT, DIVERGENCES, POSITION_DECAY, sample_anchors, sequence_loss
 from .prompt_sources import interleave
-from .warm_start import init_from_target, select_target_layers, warm_start_config
+from .warm_start import init_from_target, select_target_layers, warm_start_config, widen_mlp
 
 MIXED_PRECISIONS = ("auto", "no", "bf16", "fp16")  # accelerate's, and "auto": bf16 autocast on a GPU, else fp32
 
@@ -134,11 +134,15 @@ def build_drafter(config: TrainingConfig, target, sequences: list[Sequence]) -> 
     overrides = {k: v for k, v in config.drafter.items() if k != "draft_vocab_size"}
     if config.init_drafter:
         # Overrides that keep the weights' shapes (e.g. `summary_key_positions`) apply to the loaded drafter too;
-        # `target_layer_ids` a subset of its layers selects those (a shallower drafter from a trained one).
+        # `target_layer_ids` a subset of its layers selects those (a shallower drafter from a trained one), and a
+        # wider `intermediate_size` widens its MLPs with the target's neurons (the same function at the start).
         layer_ids = overrides.pop("target_layer_ids", None)
+        width = overrides.pop("intermediate_size", None)
         drafter = LongSparkDrafterModel.from_pretrained(config.init_drafter, dtype=torch.float32, **overrides)
         if layer_ids is not None and list(layer_ids) != list(drafter.config.target_layer_ids):
             drafter = select_target_layers(drafter, layer_ids)
+        if width is not None and width != drafter.config.intermediate_size:
+            drafter = widen_mlp(drafter, width, target)
         drafter.config._check_fields()
     elif config.init_from_target:
         drafter = init_from_target(LongSparkDrafterModel(warm_start_config(target, **overrides)), target)

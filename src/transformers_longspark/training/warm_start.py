@@ -10,7 +10,9 @@ the anchor slot is thus the target's own computation through `D` of its layers, 
 A drafter MLP narrower than the target's keeps the target's neurons of largest weight (`|up_n| * |gate_n| * |down_n|`).
 
 `select_target_layers` starts a shallower drafter from a trained one instead: it keeps the draft layers (and their
-summary queries and boundary-fusion columns) of a subset of the selected target layers.
+summary queries and boundary-fusion columns) of a subset of the selected target layers. `widen_mlp` starts a wider one
+from a trained one: each draft layer gains the target neurons its warm start left out, computing the same function
+until training moves their output weights off zero.
 """
 
 from __future__ import annotations
@@ -93,6 +95,44 @@ def select_target_layers(drafter: LongSparkDrafterModel, target_layer_ids: list[
     return model
 
 
+@torch.no_grad()
+def widen_mlp(drafter: LongSparkDrafterModel, intermediate_size: int, target: PreTrainedModel) -> LongSparkDrafterModel:
+    """A copy of `drafter` whose MLPs are `intermediate_size` wide and compute the same function. Draft layer `j`
+    keeps its neurons and gains the next ones of target layer `S[j]` in warm start's order (largest weight first,
+    skipping those warm start kept): their gate and up rows from the target, their down columns zero, so that training
+    starts where `drafter` stands. The drafter's forward at a few rows is bound by dispatch, not by its MLP's bytes,
+    so width is capacity a round pays little for (docs/results.md, "A wider drafter")."""
+    width = drafter.config.intermediate_size
+    target_layers = target.get_decoder().layers
+    available = target_layers[0].mlp.up_proj.out_features
+    if not width < intermediate_size <= available:
+        raise ValueError(
+            f"intermediate_size {intermediate_size} must be wider than the init drafter's {width} and at most the "
+            f"target's {available}, whose neurons the new ones are."
+        )
+    config = copy.deepcopy(drafter.config)
+    config.intermediate_size = intermediate_size
+    model = type(drafter)(config).to(device=drafter.device, dtype=drafter.dtype)
+    model.generation_config = copy.deepcopy(drafter.generation_config)
+    others = {name: tensor for name, tensor in drafter.state_dict().items() if ".mlp." not in name}
+    model.load_state_dict(others, strict=False)  # the MLPs, whose shapes differ, below
+    for old, new, layer_id in zip(drafter.layers, model.layers, config.target_layer_ids, strict=True):
+        source = target_layers[layer_id].mlp
+        added = _neurons_by_weight(source)[width:intermediate_size]
+        for name in ("gate_proj", "up_proj"):
+            rows = torch.cat([getattr(old.mlp, name).weight, getattr(source, name).weight[added]])
+            getattr(new.mlp, name).weight.copy_(rows)
+        new.mlp.down_proj.weight.zero_()
+        new.mlp.down_proj.weight[:, :width].copy_(old.mlp.down_proj.weight)
+    return model
+
+
+def _neurons_by_weight(mlp: nn.Module) -> torch.Tensor:
+    """The indices of a SwiGLU MLP's neurons, largest weight (`|up_n| * |gate_n| * |down_n|`) first."""
+    weight = mlp.gate_proj.weight.norm(dim=1) * mlp.up_proj.weight.norm(dim=1) * mlp.down_proj.weight.norm(dim=0)
+    return weight.argsort(descending=True, stable=True)
+
+
 def _copy(destination: nn.Module, source: nn.Module) -> None:
     for name, tensor in source.state_dict().items():
         destination.state_dict()[name].copy_(tensor)
@@ -104,10 +144,10 @@ def _copy_mlp(destination: nn.Module, source: nn.Module) -> None:
     gate, up, down = source.gate_proj.weight, source.up_proj.weight, source.down_proj.weight
     if width > gate.shape[0]:
         raise ValueError(f"The drafter's MLP ({width}) is wider than the target's ({gate.shape[0]}).")
-    keep = (gate.norm(dim=1) * up.norm(dim=1) * down.norm(dim=0)).topk(width).indices.sort().values
+    keep = _neurons_by_weight(source)[:width].sort().values
     destination.gate_proj.weight.copy_(gate[keep])
     destination.up_proj.weight.copy_(up[keep])
     destination.down_proj.weight.copy_(down[:, keep])
 
 
-__all__ = ["init_from_target", "select_target_layers", "warm_start_config"]
+__all__ = ["init_from_target", "select_target_layers", "warm_start_config", "widen_mlp"]
