@@ -101,6 +101,8 @@ def main() -> None:
     parser.add_argument("--arm", nargs="+", required=True, help="NAME=CONFIG, NAME as in the tau reports")
     parser.add_argument("--step", type=int, required=True, help="the step every arm's checkpoint was taken at")
     parser.add_argument("--log", nargs="*", default=[], help="NAME=LOG: an arm's log.jsonl kept elsewhere")
+    parser.add_argument("--start-label", default="the drafter every arm starts from",
+                        help="what the tau reports' drafter named `start` is")  # fmt: skip
     parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args()
     specs = [args.reference, *args.arm]
@@ -108,6 +110,7 @@ def main() -> None:
     reports = [json.loads(path.read_text(encoding="utf-8")) for path in args.tau]
     logs = {name: Path(path) for name, path in (spec.split("=", 1) for spec in args.log)}
     result = campaign(reports, arms, args.reference.split("=", 1)[0], args.step, logs)
+    result["start_label"] = args.start_label
     args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(result["rows"], indent=1))
 

@@ -177,6 +177,8 @@ def report_table(path: Path) -> str:
         return format_batched(report)
     if kind == "teacher_forced_tau":
         return teacher_forced_tau_table(report)
+    if kind == "verify_roofline":
+        return verify_roofline_table(report)
     raise SystemExit(f"{path}: no table for a report of kind {kind!r} (its 'benchmark' field).")
 
 
@@ -279,7 +281,7 @@ def recipe_campaign_table(report: dict[str, Any]) -> str:
              *(cell for w in workloads for cell in cells(row.get(w)))] for row in report["rows"]]  # fmt: skip
     start = report.get("start") or {}
     if start:
-        rows.insert(0, ["start", "the drafter every arm starts from", "0.00",
+        rows.insert(0, ["start", report.get("start_label", "the drafter every arm starts from"), "0.00",
                         *(cell for w in workloads for cell in cells(start.get(w)))])  # fmt: skip
     note = (f"Each arm trains {report['step']} steps of the reference recipe `{report['reference']}` with the change "
             f"shown; held-out greedy tau / tokens per target step of the drafter alone (lookup off; tokens per step "
@@ -305,6 +307,25 @@ def teacher_forced_tau_table(report: dict[str, Any]) -> str:
             f"token; P(accepted >= i) over every anchor; fp32; {machine.get('cpu', 'an unknown CPU')}, torch "
             f"{machine.get('torch', '?')}.")  # fmt: skip
     header = ["drafter", "tau", *(f"{s}: tau" for s in sources), "P(accepted >= 1 / 2 / 3)"]
+    return _table(header, rows, note)
+
+
+def verify_roofline_table(report: dict[str, Any]) -> str:
+    """The table `scripts/verify_roofline.py --json` prints: each fast-path verification forward against the time its
+    linear layers and attention need at the machine's measured peaks."""
+    peaks, machine = report["peaks"], report.get("machine", {})
+    rows = [[f"{row['prefix']:,}", str(row["k"]), f"{row['measured_ms']:.1f}",
+             *(f"{row[part]['measured_ms']:.1f} / {row[part]['floor_ms']:.1f} ({row[part]['bound']})"
+               for part in ("linear", "attention")),
+             f"{row['rest']['measured_ms']:.1f}", f"{row['measured_ms'] / row['floor_ms']:.2f}x"]
+            for row in report["rows"]]  # fmt: skip
+    note = (f"Fast-path forwards of `{report['verify_cost']}` (median ms), split by part in the shares of a profiled "
+            f"forward; floors at the peaks measured in the same run: {peaks['gflops']:.0f} GFLOP/s fp32 (a 2048-square "
+            f"`mm`), {peaks['gbytes_per_s']:.1f} GB/s (a matrix-vector product over 512 MiB); what bounds each floor "
+            f"in brackets; {machine.get('cpu', 'an unknown CPU')}, "
+            f"{machine.get('torch_threads', '?')} threads, torch {machine.get('torch', '?')}.")  # fmt: skip
+    header = ["prefix", "k", "forward ms", "linear: ms / floor", "attention: ms / floor", "rest ms",
+              "forward / floors"]  # fmt: skip
     return _table(header, rows, note)
 
 

@@ -100,8 +100,9 @@ def widen_mlp(drafter: LongSparkDrafterModel, intermediate_size: int, target: Pr
     """A copy of `drafter` whose MLPs are `intermediate_size` wide and compute the same function. Draft layer `j`
     keeps its neurons and gains the next ones of target layer `S[j]` in warm start's order (largest weight first,
     skipping those warm start kept): their gate and up rows from the target, their down columns zero, so that training
-    starts where `drafter` stands. The drafter's forward at a few rows is bound by dispatch, not by its MLP's bytes,
-    so width is capacity a round pays little for (docs/results.md, "A wider drafter")."""
+    starts where `drafter` stands. The drafter's few-row forward is bound by dispatch more than by its weights' bytes,
+    so width is cheap capacity: SmolLM2's drafter at 1,536 instead of 1,024 prices a round 7% higher
+    (docs/results.md, "Stage 8")."""
     width = drafter.config.intermediate_size
     target_layers = target.get_decoder().layers
     available = target_layers[0].mlp.up_proj.out_features
