@@ -17,6 +17,14 @@ from transformers_longspark.training.warm_start import (
 )
 
 
+def teacher_forced_logits(target, drafter) -> torch.Tensor:
+    """`drafter`'s logits at four anchors of one fixed random sequence, on its teacher-forced view of it."""
+    sequence = Sequence(torch.randint(0, 64, (30,), generator=torch.Generator().manual_seed(0)), prompt_length=3)
+    drafter.bind_target(target)
+    batch = teacher_forced_batch(target, drafter, sequence, torch.tensor([3, 9, 20, 27]))
+    return drafter(batch.block_ids, batch.context, batch.previous_ids).logits
+
+
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])  # without and with per-head q/k norms
 def test_anchor_slot_is_the_target_when_every_layer_is_copied(kind):
     """With every target layer selected, a window over the whole prefix and no summary, the warm-started drafter's
@@ -65,14 +73,8 @@ def test_selected_layers_compute_what_they_computed_in_the_deeper_drafter():
             deep.fuse_boundary.weight[:, j * hidden : (j + 1) * hidden].zero_()
     shallow = select_target_layers(deep, [layer_ids[j] for j in keep])
     assert shallow.config.num_draft_layers == 2 and shallow.config.target_layer_ids == [layer_ids[0], layer_ids[2]]
-    sequence = Sequence(torch.randint(0, 64, (30,), generator=torch.Generator().manual_seed(0)), prompt_length=3)
-    anchors = torch.tensor([3, 9, 20, 27])
-    logits = []
-    for drafter in (deep, shallow):
-        drafter.bind_target(target)
-        batch = teacher_forced_batch(target, drafter, sequence, anchors)
-        with torch.no_grad():
-            logits.append(drafter(batch.block_ids, batch.context, batch.previous_ids).logits)
+    with torch.no_grad():
+        logits = [teacher_forced_logits(target, drafter) for drafter in (deep, shallow)]
     torch.testing.assert_close(logits[1], logits[0], rtol=1e-5, atol=1e-5)
 
 
@@ -101,13 +103,7 @@ def test_a_widened_mlp_computes_what_the_narrower_drafter_did_and_gains_the_targ
     torch.testing.assert_close(new.up_proj.weight[:16], old.up_proj.weight)
     added = [target_rows.index(tuple(row.tolist())) for row in new.up_proj.weight[16:]]
     assert len(set(added)) == 24 and not set(added) & kept
-    sequence = Sequence(torch.randint(0, 64, (30,), generator=torch.Generator().manual_seed(0)), prompt_length=3)
-    anchors = torch.tensor([3, 9, 20, 27])
-    logits = []
-    for drafter in (narrow, wide):
-        drafter.bind_target(target)
-        batch = teacher_forced_batch(target, drafter, sequence, anchors)
-        logits.append(drafter(batch.block_ids, batch.context, batch.previous_ids).logits)
+    logits = [teacher_forced_logits(target, drafter) for drafter in (narrow, wide)]
     torch.testing.assert_close(logits[1], logits[0].detach(), rtol=1e-5, atol=1e-5)
     logits[1].square().sum().backward()
     assert new.down_proj.weight.grad[:, 16:].abs().sum() > 0
