@@ -221,6 +221,9 @@ class LongSparkDrafterModel(DraftVocabularyMixin, LongSparkPreTrainedModel):
         # On that path, run the target's CPU linear layers and the output head from packed weights (`packed_linear.py`);
         # False keeps `F.linear` (the path before them, for comparison).
         self.packed_weights = True
+        # On that path, run the target's decoder layers without their per-module Python (`inference/lean_layers.py`,
+        # bit-identical outputs); False keeps their stock forward (for comparison).
+        self.lean_layers = True
         # The dtype of the drafter's linear layers and output head on that path: "auto" runs them in dynamic int8 on x86
         # CPUs, else in bfloat16 where the CPU has native bf16 kernels, else in the drafter's dtype
         # (`packed_linear.fast_dtype`); or torch.float32 / torch.bfloat16 / torch.int8 / torch.qint8. Exactness does

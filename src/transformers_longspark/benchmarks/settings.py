@@ -47,7 +47,12 @@ DRAFTER_METHODS: dict[str, dict[str, Any]] = {
     "full_prefix": {},
 }
 # The drafter attributes a variant may set besides its generation config, with what they are outside one.
-DRAFTER_SWITCHES = {"fast_verification": True, "packed_weights": True, "linear_dtype": "auto"}
+DRAFTER_SWITCHES = {
+    "fast_verification": True,
+    "packed_weights": True,
+    "lean_layers": True,
+    "linear_dtype": "auto",
+}
 
 # prompts.py
 DEFAULT_LONG_LENGTHS = (2048, 4096, 8192)
@@ -179,7 +184,7 @@ class SpeedSettings(DecodingSettings):
         "one more method: LongSpark with these settings changed, for an A/B in one run (repeatable), e.g. --variant "
         "whole_blocks assistant_confidence_threshold=0 block_confidence_threshold=0 --variant fp32_drafter "
         "linear_dtype=float32. KEY is a field of the drafter's generation config, or fast_verification, "
-        "packed_weights or linear_dtype; VALUE is JSON (true, 0.3) or a string",
+        "packed_weights, lean_layers or linear_dtype; VALUE is JSON (true, 0.3) or a string",
         cli=[],
         flag="--variant",
         dest="variant",

@@ -63,7 +63,7 @@ from .verification import fast_verification
 
 logger = logging.getLogger("transformers_longspark")
 
-CALIBRATION_VERSION = 6
+CALIBRATION_VERSION = 7  # 7: the fast path's lean decoder layers (a cheaper target step)
 SHORT_PREFIX = 128
 LONG_PREFIX = 1024
 VERIFY_TOKENS = (1, 2, 3, 4, 5, 7, 10)
@@ -124,6 +124,7 @@ def calibration_key(target: PreTrainedModel, drafter: LongSparkDrafterModel) -> 
         "drafter_config": hashlib.sha256(_without_paths(drafter_config, *SAVE_FIELDS).encode()).hexdigest()[:16],
         "drafter_dtype": str(drafter.dtype),
         "drafter_linear_dtype": str(drafter_linear_dtype(drafter)),
+        "lean_layers": bool(drafter.lean_layers),
     }
 
 
@@ -213,7 +214,13 @@ def calibrate(target: PreTrainedModel, drafter: LongSparkDrafterModel, repeats: 
     on_cpu = device.type == "cpu"
     blas_max_rows = measure_blas_max_rows(target) if on_cpu else 1
     max_packed_rows = measure_max_packed_rows(target) if on_cpu else MAX_PACKED_ROWS
-    fast_path = partial(fast_verification, target, blas_max_rows=blas_max_rows, max_packed_rows=max_packed_rows)
+    fast_path = partial(
+        fast_verification,
+        target,
+        blas_max_rows=blas_max_rows,
+        max_packed_rows=max_packed_rows,
+        lean_layers=drafter.lean_layers,
+    )
     try:
         with fast_path(cache, rows), packed_drafter_weights(drafter):
             target(prompt, cache=cache, use_cache=True, logits_to_keep=1)

@@ -208,7 +208,9 @@ def _assisted_decoding(self, input_ids, *args, assistant_model=None, **kwargs):
             calibration = calibration_for_generate(self, assistant_model)
             rows = {} if calibration is None else calibration.fast_path_rows
         with (
-            fast_verification(self, cache, max_length, packed, **rows) if fast else nullcontext(),
+            fast_verification(self, cache, max_length, packed, lean_layers=assistant_model.lean_layers, **rows)
+            if fast
+            else nullcontext(),
             packed_drafter_weights(assistant_model) if fast and packed else nullcontext(),
         ):
             return decode(self, input_ids, *args, assistant_model=assistant_model, **kwargs)

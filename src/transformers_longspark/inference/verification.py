@@ -17,13 +17,16 @@ drafter:
 3. **On CPU, weights are repacked.** For more than one row, `F.linear` repacks every weight matrix per call;
    `packed_linear.packed_linear_weights` runs the linear layers from weights packed once instead, so verifying a few
    tokens reads the weights about once, as a one-token step does.
+4. **Each layer runs a dozen module calls of Python.** `lean_layers.lean_forward` runs the decoder layers of Llama,
+   Qwen2, Qwen3 and Mistral targets as the same operations without them (bit-identical outputs), ~15% of a small
+   target's step on a CPU.
 
-`fast_verification(target, cache, max_length)` applies all three for the duration of one `generate` call with a
+`fast_verification(target, cache, max_length)` applies all four for the duration of one `generate` call with a
 LongSpark drafter (the generate hook does this) and restores the target's attention implementation and linear
 layers afterwards. The switch is per call and per thread: while it is on, the target's config names
 `longspark_verification`, but a forward from any other thread (a plain `generate` on the same target in a server)
-finds the stock `sdpa` function and mask behind that name, and the stock linear layers, so plain `generate` is never
-affected, even concurrently. Other modes opt in the same way, e.g. prompt lookup:
+finds the stock `sdpa` function and mask behind that name, and the stock linear layers and decoder layers, so plain
+`generate` is never affected, even concurrently. Other modes opt in the same way, e.g. prompt lookup:
 
     with fast_verification(target):
         target.generate(**inputs, prompt_lookup_num_tokens=10)
@@ -35,8 +38,9 @@ repeating K/V heads) go to the stock `sdpa` kernel unchanged.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from transformers import AttentionInterface, PreTrainedModel
@@ -46,6 +50,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ..packed_linear import MAX_PACKED_ROWS, packed_linear_weights
 from ..transformers_private import attention_implementation, set_attention_implementation
+from .lean_layers import lean_forward, supports_lean_forward
 
 ATTENTION_NAME = "longspark_verification"
 # Queries per forward up to which attention is computed on grouped heads; longer ones (prefill) use stock `sdpa`.
@@ -124,8 +129,9 @@ class _ThreadState(threading.local):
 
 
 _thread = _ThreadState()
-# Per model config: (the attention implementation to restore, open `fast_verification` blocks in all threads).
-_switched: dict[int, tuple[str, int]] = {}
+# Per model config: (the attention implementation to restore, open `fast_verification` blocks in all threads, the
+# decoder layers whose forward the first block made lean).
+_switched: dict[int, tuple[str, int, list[torch.nn.Module]]] = {}
 _switch_lock = threading.Lock()
 
 
@@ -138,6 +144,29 @@ def _this_threads_attention(module: torch.nn.Module, *args, **kwargs) -> tuple[t
 
 AttentionInterface.register(ATTENTION_NAME, _this_threads_attention)
 AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+
+
+def _this_threads_layer(lean: Callable[..., torch.Tensor], stock: Callable[..., torch.Tensor], *args, **kwargs):
+    """What a lean decoder layer runs: `lean` inside this thread's `fast_verification`, its stock forward for a forward
+    from any other thread."""
+    return (lean if _thread.depth else stock)(*args, **kwargs)
+
+
+def _make_layers_lean(model: PreTrainedModel) -> list[torch.nn.Module]:
+    """Gives each decoder layer of `model` that `lean_layers` reproduces a lean forward; returns them, for
+    `_restore_layers`."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    layers = [layer for layer in getattr(decoder, "layers", ()) if supports_lean_forward(layer)]
+    layers = [layer for layer in layers if "forward" not in vars(layer)]  # already replaced by someone else: keep
+    for layer in layers:
+        lean = lean_forward(layer)
+        layer.forward = functools.partial(_this_threads_layer, lean, type(layer).forward.__get__(layer))
+    return layers
+
+
+def _restore_layers(layers: list[torch.nn.Module]) -> None:
+    for layer in layers:
+        del layer.forward
 
 
 class ReservedDynamicLayer(DynamicLayer):
@@ -205,6 +234,7 @@ def fast_verification(
     packed_weights: bool = True,
     blas_max_rows: int = 1,
     max_packed_rows: int = MAX_PACKED_ROWS,
+    lean_layers: bool = True,
 ) -> Iterator[None]:
     """Verifies with `grouped_verification_attention` (and appends into reserved cache rows) inside the block.
 
@@ -214,17 +244,20 @@ def fast_verification(
     `cache` (still empty) gets `max_length` reserved rows per full-attention layer; it is not restored, as its layers
     hold the rows. With `packed_weights`, the model's CPU linear layers use packed weights (`packed_linear_weights`,
     which keeps them) in forwards of more than `blas_max_rows` and at most `max_packed_rows` tokens (the calibration
-    measures where `F.linear` is faster: `packed_linear.measure_blas_max_rows`, `measure_max_packed_rows`).
+    measures where `F.linear` is faster: `packed_linear.measure_blas_max_rows`, `measure_max_packed_rows`). With
+    `lean_layers`, the decoder layers run `lean_layers.lean_forward` (the first block to switch a model decides).
     """
     if cache is not None and max_length is not None:
         reserve_cache_rows(cache, max_length)
     config = model.config
     key = id(config)
     with _switch_lock:
-        previous, count = _switched.get(key, (attention_implementation(config), 0))
+        previous, count, lean = _switched.get(key, (attention_implementation(config), 0, []))
         switch = previous == "sdpa"
         if switch:
-            _switched[key] = (previous, count + 1)
+            if count == 0 and lean_layers:
+                lean = _make_layers_lean(model)
+            _switched[key] = (previous, count + 1, lean)
             set_attention_implementation(config, ATTENTION_NAME)
     _thread.depth += 1
     try:
@@ -235,11 +268,12 @@ def fast_verification(
         _thread.depth -= 1
         if switch:
             with _switch_lock:
-                previous, count = _switched.pop(key)
+                previous, count, lean = _switched.pop(key)
                 if count > 1:
-                    _switched[key] = (previous, count - 1)
+                    _switched[key] = (previous, count - 1, lean)
                 else:
                     set_attention_implementation(config, previous)
+                    _restore_layers(lean)
 
 
 __all__ = [
