@@ -14,6 +14,7 @@ import pytest
 import torch
 from test_batched import left_padded
 from test_generation import broken_speculative_sampling
+from test_lean_layers import decode_logits
 from test_verification import build_target, cached_forward
 from transformers.generation import utils as generation_utils
 
@@ -63,6 +64,16 @@ def test_fast_verification_in_bfloat16_on_cuda():
     stock = cached_forward(target, ids, mask, 300, fast=False).float()
     fast = cached_forward(target, ids, mask, 300, fast=True).float()
     torch.testing.assert_close(fast, stock, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "llama"])
+def test_lean_layers_give_the_stock_layers_logits_bit_for_bit_on_cuda(kind):
+    target = build_target(kind, 12, 4).to(CUDA)
+    ids = torch.randint(0, 64, (1, 48), generator=torch.Generator().manual_seed(0)).to(CUDA)
+    mask = torch.ones_like(ids)
+    stock = decode_logits(target, ids, mask, 40, [1, 4, 3], lean=False)
+    lean = decode_logits(target, ids, mask, 40, [1, 4, 3], lean=True)
+    assert all(torch.equal(a, b) for a, b in zip(stock, lean))
 
 
 def assisted_equals_plain(target, drafter, input_ids, attention_mask, max_new_tokens: int) -> None:

@@ -27,8 +27,9 @@ def decode_logits(target, ids, mask, prefix: int, blocks: list[int], lean: bool)
 
 @pytest.mark.parametrize("kind", ["qwen3", "llama", "qwen2", "mistral"])
 @pytest.mark.parametrize("left_padding", [0, 3], ids=["unpadded", "left-padded"])
-def test_lean_layers_give_the_stock_layers_logits_bit_for_bit(kind, left_padding):
-    target = build_target(kind, 12, 4)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_lean_layers_give_the_stock_layers_logits_bit_for_bit(kind, left_padding, dtype):
+    target = build_target(kind, 12, 4, dtype=dtype)
     blocks = [1, 1, 4, 1, 7, 2]
     ids = torch.randint(0, 64, (1, 40 + sum(blocks)), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)

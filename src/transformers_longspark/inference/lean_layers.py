@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as nn_module
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -32,11 +33,15 @@ _MLP = ("gate_proj", "up_proj", "down_proj")
 
 
 def _rms_norm(hidden: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-    """transformers' `LlamaRMSNorm.forward` (Qwen2, Qwen3 and Mistral have the same), operation for operation."""
+    """transformers' `LlamaRMSNorm.forward` (Qwen2, Qwen3 and Mistral have the same): `weight * (x * rsqrt(mean(x^2)
+    + eps))` in float32, cast back before the weight. On CPU torch's `rms_norm` composes the same operations in the
+    same order as one call instead of seven (bit-identical: `tests/test_lean_layers.py`); elsewhere it may be a fused
+    kernel that rounds differently, so the operations are spelled out."""
+    if hidden.device.type == "cpu":
+        return F.rms_norm(hidden, norm.weight.shape, norm.weight, norm.variance_epsilon)
     dtype = hidden.dtype
     hidden = hidden.to(torch.float32)
-    variance = hidden.pow(2).mean(-1, keepdim=True)
-    hidden = hidden * torch.rsqrt(variance + norm.variance_epsilon)
+    hidden = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
     return norm.weight * hidden.to(dtype)
 
 
