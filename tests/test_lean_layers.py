@@ -61,8 +61,8 @@ def test_a_hook_on_a_submodule_sends_the_layer_to_its_stock_forward(monkeypatch)
     ids = torch.randint(0, 64, (1, 10), generator=torch.Generator().manual_seed(2))
     calls, lean_calls = [], []
     target.model.layers[1].self_attn.q_proj.register_forward_hook(lambda *_: calls.append(1))
-    rotate = lean_layers._rotate_half
-    monkeypatch.setattr(lean_layers, "_rotate_half", lambda x: lean_calls.append(1) or rotate(x))
+    rotate = lean_layers._rotate
+    monkeypatch.setattr(lean_layers, "_rotate", lambda *a: lean_calls.append(1) or rotate(*a))
     decode_logits(target, ids, torch.ones_like(ids), 8, [2], lean=True)
     assert len(calls) == 2  # the prefill and the 2-token forward both ran the hooked projection
     assert len(lean_calls) == 2 * 2 * 1  # query and key, in the one unhooked layer (0), for both forwards
@@ -72,8 +72,8 @@ def test_a_forward_from_another_thread_runs_the_stock_layers(monkeypatch):
     target = build_target("qwen3", 12, 4)
     ids = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(3))
     lean_threads = set()
-    rotate = lean_layers._rotate_half
-    monkeypatch.setattr(lean_layers, "_rotate_half", lambda x: lean_threads.add(threading.get_ident()) or rotate(x))
+    rotate = lean_layers._rotate
+    monkeypatch.setattr(lean_layers, "_rotate", lambda *a: lean_threads.add(threading.get_ident()) or rotate(*a))
     with torch.no_grad(), fast_verification(target):
         worker = threading.Thread(target=lambda: target(ids))
         worker.start()
@@ -97,8 +97,8 @@ def test_layers_it_does_not_reproduce_keep_their_forward():
 def test_training_mode_takes_the_stock_forward(monkeypatch):
     target = build_target("llama", 12, 4).train()
     lean_calls = []
-    rotate = lean_layers._rotate_half
-    monkeypatch.setattr(lean_layers, "_rotate_half", lambda x: lean_calls.append(1) or rotate(x))
+    rotate = lean_layers._rotate
+    monkeypatch.setattr(lean_layers, "_rotate", lambda *a: lean_calls.append(1) or rotate(*a))
     with fast_verification(target):
         target(torch.arange(6)[None])
     assert not lean_calls

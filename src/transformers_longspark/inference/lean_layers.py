@@ -16,6 +16,7 @@ fire.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import torch
@@ -45,9 +46,28 @@ def _rms_norm(hidden: torch.Tensor, norm: nn.Module) -> torch.Tensor:
     return norm.weight * hidden.to(dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+class RotaryFactors(threading.local):
+    """`(cos, signed_sin)`, each `(b, 1, k, head_dim)`, of a forward's position embeddings `(cos, sin)`, made once per
+    forward for all its layers (the decoder hands each layer the same tuple) and per thread: `rotate_half(x) * sin`
+    is `x.roll(head_dim // 2, -1) * signed_sin` with the first half of `sin` negated, bit for bit (a negation is
+    exact), in one operation instead of four."""
+
+    def __init__(self):
+        self._source: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._factors: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def __call__(self, position_embeddings: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._source is not position_embeddings:
+            cos, sin = position_embeddings
+            half = sin.shape[-1] // 2
+            signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+            self._source, self._factors = position_embeddings, (cos.unsqueeze(1), signed_sin.unsqueeze(1))
+        return self._factors
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """transformers' `x * cos + rotate_half(x) * sin` (`RotaryFactors`)."""
+    return (x * cos) + (x.roll(x.shape[-1] // 2, dims=-1) * signed_sin)
 
 
 def supports_lean_forward(layer: nn.Module) -> bool:
@@ -68,15 +88,16 @@ def supports_lean_forward(layer: nn.Module) -> bool:
     )
 
 
-def lean_forward(layer: nn.Module) -> Callable[..., torch.Tensor]:
+def lean_forward(layer: nn.Module, rotary: RotaryFactors | None = None) -> Callable[..., torch.Tensor]:
     """The stock forward of `layer` (`supports_lean_forward`) without the submodule calls; the stock forward itself
     wherever a hook, training mode or torch's global hooks need it, or where the model's attention implementation is
     not a registered function (eager).
 
     The returned function takes the decoder layer's arguments: `hidden_states` `(b, k, hidden)`, `attention_mask` as
     the layer's attention function takes it, `position_embeddings` `(cos, sin)` each `(b, k, head_dim)`, `cache` (or
-    `past_key_values`); returns `(b, k, hidden)`.
+    `past_key_values`); returns `(b, k, hidden)`. Layers of one model share one `rotary`.
     """
+    rotary = rotary or RotaryFactors()
     stock = type(layer).forward.__get__(layer)
     attn, mlp = layer.self_attn, layer.mlp
     q_proj, k_proj, v_proj, o_proj = (getattr(attn, name) for name in _PROJECTIONS)
@@ -98,7 +119,6 @@ def lean_forward(layer: nn.Module) -> Callable[..., torch.Tensor]:
         if args or attention is None or needs_stock():
             return stock(hidden_states, *args, **kwargs)
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
-        cos, sin = kwargs["position_embeddings"]
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, head_dim)
 
@@ -109,9 +129,8 @@ def lean_forward(layer: nn.Module) -> Callable[..., torch.Tensor]:
             query, key = _rms_norm(query, q_norm), _rms_norm(key, k_norm)
         query, key = query.transpose(1, 2), key.transpose(1, 2)
         value = v_proj.forward(hidden).view(hidden_shape).transpose(1, 2)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        query = (query * cos) + (_rotate_half(query) * sin)
-        key = (key * cos) + (_rotate_half(key) * sin)
+        cos, signed_sin = rotary(kwargs["position_embeddings"])
+        query, key = _rotate(query, cos, signed_sin), _rotate(key, cos, signed_sin)
         if cache is not None:
             key, value = cache.update(key, value, layer_idx)
         out, _ = attention(attn, query, key, value, kwargs.get("attention_mask"), dropout=0.0, scaling=scaling)
@@ -124,4 +143,4 @@ def lean_forward(layer: nn.Module) -> Callable[..., torch.Tensor]:
     return forward
 
 
-__all__ = ["LEAN_LAYER_TYPES", "lean_forward", "supports_lean_forward"]
+__all__ = ["LEAN_LAYER_TYPES", "RotaryFactors", "lean_forward", "supports_lean_forward"]

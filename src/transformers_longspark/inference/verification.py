@@ -50,7 +50,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ..packed_linear import MAX_PACKED_ROWS, packed_linear_weights
 from ..transformers_private import attention_implementation, set_attention_implementation
-from .lean_layers import lean_forward, supports_lean_forward
+from .lean_layers import RotaryFactors, lean_forward, supports_lean_forward
 
 ATTENTION_NAME = "longspark_verification"
 # Queries per forward up to which attention is computed on grouped heads; longer ones (prefill) use stock `sdpa`.
@@ -158,8 +158,9 @@ def _make_layers_lean(model: PreTrainedModel) -> list[torch.nn.Module]:
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     layers = [layer for layer in getattr(decoder, "layers", ()) if supports_lean_forward(layer)]
     layers = [layer for layer in layers if "forward" not in vars(layer)]  # already replaced by someone else: keep
+    rotary = RotaryFactors()
     for layer in layers:
-        lean = lean_forward(layer)
+        lean = lean_forward(layer, rotary)
         layer.forward = functools.partial(_this_threads_layer, lean, type(layer).forward.__get__(layer))
     return layers
 
