@@ -2,9 +2,8 @@
 
 A decoder layer's stock forward calls a dozen modules (two norms, the attention with four projections, the MLP with
 three and its activation), each through `nn.Module.__call__`, plus keyword-deprecation wrappers, the attention
-registry and the rotary helper. For a small target on a CPU that Python is a large share of a step: SmolLM2-135M, one
-token after a 1,024-token prefix, 2 vCPUs (Intel Xeon), 50.2 ms a forward stock against 43.0 ms with the lean layers
-below (the fastest of 15 each, interleaved). `lean_forward(layer, attention)` runs the same operations in the same
+registry and the rotary helper. For a small target on a CPU that Python is a large share of a step (SmolLM2-135M on
+2 vCPUs: docs/results.md, "Lean decoder layers"). `lean_forward(layer)` runs the same operations in the same
 order on the same tensors, reading the weights straight from the submodules, so its output is bit-identical to the
 stock layer's (tested for every supported architecture, one and several tokens, with and without padding).
 

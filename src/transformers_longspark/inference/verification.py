@@ -18,8 +18,8 @@ drafter:
    `packed_linear.packed_linear_weights` runs the linear layers from weights packed once instead, so verifying a few
    tokens reads the weights about once, as a one-token step does.
 4. **Each layer runs a dozen module calls of Python.** `lean_layers.lean_forward` runs the decoder layers of Llama,
-   Qwen2, Qwen3 and Mistral targets as the same operations without them (bit-identical outputs), ~15% of a small
-   target's step on a CPU.
+   Qwen2, Qwen3 and Mistral targets as the same operations without them (bit-identical outputs), a large share of a
+   small target's step on a CPU.
 
 `fast_verification(target, cache, max_length)` applies all four for the duration of one `generate` call with a
 LongSpark drafter (the generate hook does this) and restores the target's attention implementation and linear
