@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """Is a LongSpark round that proposes nothing a plain step? The target forward of each decoding step at a long
-prefix, four ways, interleaved call by call (issue 29's plain-step tax):
+prefix, five ways, interleaved call by call (issue 29's plain-step tax):
 
-- `fast`: plain `generate` on the fast verification path (reserved cache rows, packed weights);
+- `fast`: plain `generate` on the fast verification path (reserved cache rows, packed weights, lean layers);
 - `hooks`: the same with LongSpark's hidden-state hooks on the drafter's target layers;
+- `stock_layers`: `fast` with the target's stock decoder layers (`fast_verification(..., lean_layers=False)`);
 - `longspark`: `generate(assistant_model=drafter)` with both sources off, so every round is a plain step;
 - `static`: plain `generate` with transformers' static cache.
 
@@ -13,6 +14,7 @@ on an idle machine; the SmolLM2 target and the shipped drafter.
 
     python scripts/plain_step_forward.py --prefix 4096 --new-tokens 24 --repeats 6 --num-threads 2
     python scripts/plain_step_forward.py --prefix 6144 --new-tokens 13 --repeats 2 --profile --ways fast static
+    python scripts/plain_step_forward.py --prefix 128 --new-tokens 24 --repeats 8 --ways fast stock_layers
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from transformers_longspark.inference.verification import fast_verification
 from transformers_longspark.loading import SHIPPED_DRAFTER_DIR, load_smollm2
 from transformers_longspark.targets import HiddenStateCapture
 
-WAYS = ("fast", "hooks", "longspark", "static")
+WAYS = ("fast", "hooks", "stock_layers", "longspark", "static")
 
 
 def decode(target, drafter, input_ids: torch.LongTensor, way: str, new_tokens: int) -> None:
@@ -48,7 +50,8 @@ def decode(target, drafter, input_ids: torch.LongTensor, way: str, new_tokens: i
         if way == "hooks":
             capture = HiddenStateCapture(target.model.layers, drafter.config.target_layer_ids, keep=8)
         cache = DynamicCache(config=target.config)
-        with fast_verification(target, cache, input_ids.shape[1] + new_tokens):
+        rows = input_ids.shape[1] + new_tokens
+        with fast_verification(target, cache, rows, lean_layers=way != "stock_layers"):
             target.generate(input_ids, cache=cache, **kwargs)
         if capture is not None:
             capture.remove()
@@ -104,14 +107,14 @@ def main() -> None:
             shift = repeat % len(ways)
             for way in ways[shift:] + ways[:shift]:
                 if args.profile:
-                    print(f"{way:>9}: {profile_steps(target, drafter, input_ids, way, args.new_tokens)}")
+                    print(f"{way:>12}: {profile_steps(target, drafter, input_ids, way, args.new_tokens)}")
                 else:
                     results[way].append(step_ms(target, drafter, input_ids, way, args.new_tokens))
     if args.profile:
         return
     for way, values in results.items():
         calls = " ".join(f"{v:.1f}" for v in values)
-        print(f"{way:>9}: median {statistics.median(values):.1f} ms a step (calls: {calls})")
+        print(f"{way:>12}: median {statistics.median(values):.1f} ms a step (calls: {calls})")
 
 
 if __name__ == "__main__":
