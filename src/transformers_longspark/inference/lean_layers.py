@@ -36,8 +36,9 @@ def _rms_norm(hidden: torch.Tensor, norm: nn.Module) -> torch.Tensor:
     """transformers' `LlamaRMSNorm.forward` (Qwen2, Qwen3 and Mistral have the same): `weight * (x * rsqrt(mean(x^2)
     + eps))` in float32, cast back before the weight. On CPU torch's `rms_norm` composes the same operations in the
     same order as one call instead of seven (bit-identical: `tests/test_lean_layers.py`); elsewhere it may be a fused
-    kernel that rounds differently, so the operations are spelled out."""
-    if hidden.device.type == "cpu":
+    kernel that rounds differently, and a weight in another dtype than the input promotes in the stock formula, so
+    there the operations are spelled out."""
+    if hidden.device.type == "cpu" and norm.weight.dtype == hidden.dtype:
         return F.rms_norm(hidden, norm.weight.shape, norm.weight, norm.variance_epsilon)
     dtype = hidden.dtype
     hidden = hidden.to(torch.float32)
