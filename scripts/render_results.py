@@ -36,6 +36,7 @@ PLAIN_LABELS = {"plain": "plain", "plain_fast": "fast path", "plain_static": "st
 # Column headers of the attribution methods (the reports' own labels are longer).
 SHORT_LABELS = {
     "longspark_drafter_only": "drafter alone",
+    "longspark_drafter_planned": "drafter alone, lengths planned",
     "longspark_lookup_only": "lookup alone",
     "longspark_no_proposals": "no proposals (plain steps)",
     "prompt_lookup_fast": "prompt lookup",

@@ -189,7 +189,6 @@ def test_generate_plans_with_the_calibrated_costs_and_stays_exact(cache_dir, mon
     target = make_target("qwen3")
     drafter = make_drafter(target)
     drafter.generation_config.calibrate_costs = True
-    drafter.generation_config.draft_round_cost = 5.0  # ignored: the calibration replaces the cost fields
     write_calibration(target, drafter, COSTS)
     seen = spy_on_costs(monkeypatch)
     prompt = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(0))
@@ -201,6 +200,30 @@ def test_generate_plans_with_the_calibrated_costs_and_stays_exact(cache_dir, mon
         torch.manual_seed(7)
         sampled.append(target.generate(prompt, do_sample=True, max_new_tokens=24, assistant_model=drafter))
     assert torch.equal(sampled[0], sampled[1])
+
+
+def test_a_cost_field_set_beside_the_calibration_is_pinned_over_its_measurement(cache_dir, monkeypatch):
+    """`draft_round_cost=0` with `calibrate_costs`: the drafter is never priced out, the verification keeps its
+    measured price (the planner still cuts the block), and the output stays the target's."""
+    target = make_target("qwen3")
+    drafter = make_drafter(target)
+    drafter.generation_config.calibrate_costs = True
+    drafter.generation_config.draft_round_cost = 0.0
+    measured = {**COSTS, "forward_costs": [[2, 1.2], [8, 1.9]], "draft_batch_costs": [[8, 0.9]]}
+    write_calibration(target, drafter, measured)
+    seen = spy_on_costs(monkeypatch)
+    prompt = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(0))
+    reference, assisted = greedy_pair(target, drafter, prompt, max_new_tokens=24)
+    assert torch.equal(reference, assisted)
+    pinned = {**COSTS, "draft_round_cost": 0.0, "forward_costs": ((2, 1.2), (8, 1.9))}
+    assert seen == [RoundCosts(**pinned)]  # the measured batch points of the drafter's round go with its pin
+    drafter.generation_config.verify_token_cost = 0.5  # a pinned verification cost replaces the measured curve
+    seen.clear()
+    target.generate(prompt, max_new_tokens=4, assistant_model=drafter)
+    assert seen == [RoundCosts(**{**COSTS, "draft_round_cost": 0.0, "verify_token_cost": 0.5})]
+    drafter.generation_config.draft_round_cost = -1.0
+    message = error_of(lambda: target.generate(prompt, max_new_tokens=4, assistant_model=drafter))
+    assert message is not None and "draft_round_cost" in message
 
 
 def test_without_calibrate_costs_the_drafters_own_cost_fields_apply(cache_dir, monkeypatch):

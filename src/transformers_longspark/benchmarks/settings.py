@@ -24,6 +24,7 @@ METHOD_LABELS = {
     "prompt_lookup_fast": "prompt lookup (fast verification)",
     "longspark": "LongSpark",
     "longspark_drafter_only": "LongSpark drafter alone (no lookup, every round drafts)",
+    "longspark_drafter_planned": "LongSpark drafter alone, lengths planned (no lookup, its round unpriced)",
     "longspark_lookup_only": "LongSpark lookup alone (drafter priced out)",
     "longspark_no_proposals": "LongSpark, no proposals (every round a plain step)",
     "full_prefix": "full-prefix drafter",
@@ -33,15 +34,19 @@ PLAIN_METHODS = ("plain", "plain_fast", "plain_static")
 # Which methods run in which decoding mode by default (the full-prefix baseline is measured greedily).
 DEFAULT_METHODS = {"greedy": METHODS, "sampled": tuple(m for m in METHODS if m != "full_prefix")}
 # Generation-config settings of the attribution methods: the cost model off (every round proposes), and the drafter
-# alone (lookup off too: every round drafts), as `longspark_drafter_only` and `bench tau --drafter-alone` run it.
+# alone (lookup off too: every round drafts a block cut by its confidence only), as `longspark_drafter_only` and
+# `bench tau --drafter-alone` run it. `DRAFTER_PLANNED` is the drafter alone under the calibrated cost model with its
+# own round priced at 0 (`knobs.pinned_costs`): never priced out, it still proposes only the drafts worth verifying.
 COSTS_OFF = {"calibrate_costs": False, "draft_round_cost": 0.0, "verify_round_cost": 0.0, "verify_token_cost": 0.0}
 DRAFTER_ALONE = {"lookup_min_match": 0, **COSTS_OFF}
+DRAFTER_PLANNED = {"lookup_min_match": 0, "draft_round_cost": 0.0}
 WHOLE_BLOCKS = {"assistant_confidence_threshold": 0.0, "block_confidence_threshold": 0.0}
 # Drafter methods and what each changes on the drafter for its runs (`speed.drafter_settings`); any other setting is
 # an A/B variant (`--variant`).
 DRAFTER_METHODS: dict[str, dict[str, Any]] = {
     "longspark": {},
     "longspark_drafter_only": DRAFTER_ALONE,
+    "longspark_drafter_planned": DRAFTER_PLANNED,
     "longspark_lookup_only": {"use_drafter": False},
     "longspark_no_proposals": {"lookup_min_match": 0, "use_drafter": False},
     "full_prefix": {},

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel
 
 from ..inference.calibration import calibration_for_generate
-from ..inference.knobs import DraftingKnobs
+from ..inference.knobs import DraftingKnobs, pinned_costs
 from ..inference.verification import fast_verification
 from ..modeling_longspark import LongSparkDrafterModel
 from ..packed_linear import drafter_linear_dtype
@@ -271,4 +271,5 @@ def _planned_costs(target: PreTrainedModel, drafter: LongSparkDrafterModel) -> d
     if calibration is None:
         costs = DraftingKnobs.from_generation_config(drafter.generation_config).costs
         return {"source": "generation_config", **asdict(costs)}
-    return {"source": "calibration", **calibration.fast_path_rows, **asdict(calibration.costs)}
+    costs = pinned_costs(calibration.costs, drafter.generation_config)
+    return {"source": "calibration", **calibration.fast_path_rows, **asdict(costs)}

@@ -19,7 +19,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 from ..context_state import DraftContext
 from ..modeling_longspark import LongSparkDrafterModel
 from ..transformers_private import eos_token_tensor
-from .knobs import DraftingKnobs
+from .knobs import DraftingKnobs, pinned_costs
 from .lookup import SuffixIndex, point_mass_logits
 from .planning import RoundCosts, RoundPlan, RoundPlanner, Source, batch_round_pays
 from .processors import DRAFT_VOCAB_PROCESSORS, process_logits
@@ -71,9 +71,10 @@ class DraftSettings:
         cls, drafter: LongSparkDrafterModel, costs: RoundCosts | None = None, **call: object
     ) -> DraftSettings:
         """The drafter's own settings (its `generation_config`, validated: `DraftingKnobs`), with `costs` in place of
-        its cost fields when given (a calibration), and `call`'s fields (`do_sample`, `eos_token_ids`,
-        `logits_processor`) from the caller."""
+        its cost fields when given (a calibration; the fields it sets are kept over the measurements, `pinned_costs`),
+        and `call`'s fields (`do_sample`, `eos_token_ids`, `logits_processor`) from the caller."""
         knobs = DraftingKnobs.from_generation_config(drafter.generation_config)
+        costs = None if costs is None else pinned_costs(costs, drafter.generation_config)
         block_size, min_match = drafter.config.block_size, knobs.lookup_min_match
         return cls(
             block_size=block_size,

@@ -7,7 +7,7 @@ bad value is refused before any forward with a message that names the field and 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from .planning import RoundCosts
@@ -30,7 +30,8 @@ class DraftingKnobs:
         lookup_choose_length: propose the prefix of a continuation worth most, not all of it.
         use_drafter: the drafter's blocks are a source (False: lookup and plain steps only).
         calibrate_costs: the cost model comes from a calibration of this machine and target
-            (`calibration.py`, measured at the first `generate` and cached), not from the four cost fields.
+            (`calibration.py`, measured at the first `generate` and cached), not from the four cost fields; a cost
+            field set as well is kept in place of its measurement (`pinned_costs`).
         draft_round_cost / verify_round_cost / verify_token_cost: >= 0, in target steps; step_doubling_length: >= 0
             tokens (0: the step's cost does not grow). All 0 (the default): every round proposes.
     """
@@ -74,6 +75,23 @@ class DraftingKnobs:
     def costs(self) -> RoundCosts:
         """The cost model of the four cost fields (a calibrated one replaces it where `calibrate_costs` is set)."""
         return RoundCosts(*(getattr(self, name) for name in COST_FIELDS))
+
+
+def pinned_costs(costs: RoundCosts, generation_config: Any) -> RoundCosts:
+    """`costs` (a calibration's) with each cost field that `generation_config` sets in place of its measurement: e.g.
+    `draft_round_cost=0` makes the drafter never priced out of a round while the verification keeps its measured
+    price, so the planner still chooses how many drafts to verify. A pinned drafter cost drops the measured batch
+    points, and a pinned verification cost the measured curve of `forward_costs` (else the pin would be ignored)."""
+    pinned = {name: getattr(generation_config, name, None) for name in COST_FIELDS}
+    pinned = {name: value for name, value in pinned.items() if value is not None}
+    if not pinned:
+        return costs
+    DraftingKnobs(**pinned)  # validated as any knob
+    if "draft_round_cost" in pinned:
+        pinned["draft_batch_costs"] = ()
+    if {"verify_round_cost", "verify_token_cost"} & set(pinned):
+        pinned["forward_costs"] = ()
+    return replace(costs, **pinned)
 
 
 def check_costs(costs: RoundCosts, source: str) -> RoundCosts:
@@ -124,4 +142,4 @@ def _check_integer(name: str, value: Any, low: int) -> None:
         )
 
 
-__all__ = ["COST_FIELDS", "DraftingKnobs", "check_costs"]
+__all__ = ["COST_FIELDS", "DraftingKnobs", "check_costs", "pinned_costs"]
