@@ -45,6 +45,7 @@ from .batched_checks import (
 from .drafting import DraftRequests, DraftSettings
 from .planning import RoundPlanner
 from .processors import process_logits
+from .sampling import sample_from
 from .session import DraftSession
 
 # --- acceptance rules -------------------------------------------------------------------------------------------
@@ -84,7 +85,7 @@ def speculative_sampling(
     p = target_logits.softmax(dim=-1)
     num_rows, k = drafted.shape
     if k == 0:
-        return num_drafted.clone(), torch.multinomial(p[:, 0], num_samples=1)[:, 0]
+        return num_drafted.clone(), sample_from(p[:, 0])
     q = draft_logits.softmax(dim=-1)
     p_drafted = p[:, :k].gather(-1, drafted[..., None])[..., 0]
     q_drafted = q.gather(-1, drafted[..., None])[..., 0]
@@ -95,8 +96,8 @@ def speculative_sampling(
     p_next = p[rows, num_accepted]
     residual = (p_next - q[rows, num_accepted.clamp(max=k - 1)]).clamp(min=0.0)
     rejected = (num_accepted < num_drafted)[:, None] & (residual.sum(dim=-1, keepdim=True) > 0)
-    # `multinomial` normalises the residual itself.
-    return num_accepted, torch.multinomial(torch.where(rejected, residual, p_next), num_samples=1)[:, 0]
+    # `sample_from` normalises the residual itself.
+    return num_accepted, sample_from(torch.where(rejected, residual, p_next))
 
 
 # --- the decoding loop ------------------------------------------------------------------------------------------
@@ -173,7 +174,7 @@ class BatchedSpeculativeDecoder:
         logits = process_logits(self.settings.logits_processor, self.sequences, self.row_ids, self.lengths, logits)
         probs = logits.softmax(dim=-1)
         sample = self.settings.do_sample
-        first = torch.multinomial(probs, num_samples=1) if sample else probs.argmax(dim=-1, keepdim=True)
+        first = sample_from(probs)[:, None] if sample else probs.argmax(dim=-1, keepdim=True)
         self.column_mask, self.positions = mask, mask.sum(dim=1)
         # each row's tokens start after its left padding
         self.planners = [self.session.new_planner(offset) for offset in (~mask).sum(dim=1).tolist()]

@@ -23,6 +23,7 @@ from .knobs import DraftingKnobs, pinned_costs
 from .lookup import SuffixIndex, point_mass_logits
 from .planning import RoundCosts, RoundPlan, RoundPlanner, Source, batch_round_pays
 from .processors import DRAFT_VOCAB_PROCESSORS, process_logits
+from .sampling import sample_from
 
 # The longest suffix the lookup source matches: longer matches are rarer and add little over this one.
 LOOKUP_MAX_NGRAM = 6
@@ -230,7 +231,7 @@ def draft_tokens(
             drafting &= block_probability * confidence >= settings.block_threshold
         drawn_probability = confidence
         if settings.do_sample:
-            choice = torch.multinomial(probs, num_samples=1)[:, 0]
+            choice = sample_from(probs)
             drawn_probability = probs.gather(-1, choice[:, None])[:, 0]
         token = drafter.to_target_ids(choice) if in_draft_vocab else choice
         block_probability = block_probability * drawn_probability
