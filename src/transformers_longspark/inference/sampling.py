@@ -17,14 +17,14 @@ def sample_from(probs: torch.Tensor) -> torch.LongTensor:
     """`(n,)` one index per row of `probs` `(n, V)`, drawn with probability proportional to its entry (rows need not
     sum to 1; entries must be >= 0). Raises `ValueError` for a row whose total is not a finite positive number (NaN
     or infinite logits upstream), as `torch.multinomial` refuses one."""
-    cdf = probs.double().cumsum(dim=-1)
+    cdf = probs.to(torch.float32 if probs.device.type == "mps" else torch.float64).cumsum(dim=-1)  # MPS: no float64
     total = cdf[:, -1:]
     if not bool(((total > 0) & torch.isfinite(total)).all()):
         raise ValueError(
             "Cannot sample from a row of probabilities whose sum is not a finite positive number (the logits hold "
             "NaN or inf, or mask out every token); check the logits processors and the model's outputs."
         )
-    uniform = torch.rand(total.shape, dtype=torch.float64, device=probs.device) * total
+    uniform = torch.rand(total.shape, dtype=cdf.dtype, device=probs.device) * total
     uniform = torch.minimum(uniform, torch.nextafter(total, torch.zeros_like(total)))  # rounding never reaches it
     return torch.searchsorted(cdf, uniform, right=True)[:, 0]
 
