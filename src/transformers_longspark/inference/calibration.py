@@ -3,7 +3,7 @@
 The planner (`planning.py`) counts costs in plain decoding steps of the target, and what a round costs in those steps
 depends on the machine (a CPU's kernels and memory, a GPU), the target, the dtypes and the thread count, not on the
 drafter's weights. So a drafter whose `generation_config` sets `calibrate_costs` does not carry one machine's
-constants: at its first `generate` on a new machine and target the costs are measured (a few seconds on a small
+constants: at its first `generate` on a new machine and target the costs are measured (~20 s for a small
 target: random tokens, the fast verification path, one `DraftSession`) and cached as JSON under
 `$LONGSPARK_CACHE/calibration/`, keyed by the CPU (or GPU), torch's CPU capability and thread count, the target's
 config and dtype, and the drafter's architecture, dtype and linear dtype (not its weights or where it was saved: the
@@ -26,8 +26,11 @@ processes only ever add time):
   clamped at 0) -> `verify_round_cost + verify_token_cost * k`, the drafter config's own fields, as a record;
 - a drafter round over `DRAFT_BATCH` requests of a batched cache -> `draft_batch_costs`, so that a batch prices its
   drafter round as measured (its context reads and drafter forward grow with the rows, not as the target step does);
-- a one-token forward at `LONG_PREFIX` -> `step_doubling_length`, the prefix over which the step's cost grows by one
-  step (0 where it does not grow measurably).
+- a one-token forward at `LONG_PREFIX` right after each short step (a second cache) -> `step_doubling_length`, the
+  prefix over which the step's cost grows by one step (0 where it does not grow measurably), from the median of the
+  pairs' ratios: the growth is a small difference of two steps, which the minima of two separate loops put anywhere
+  in a 4x range between calibrations on one busy VM (and the drafter's round at 4K tokens with it), while drift
+  moves both steps of a pair alike.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import json
 import logging
 import os
 import platform
+import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 from functools import partial
@@ -59,13 +63,13 @@ from .drafting import DraftRequests, DraftSettings
 from .knobs import DraftingKnobs, check_costs
 from .planning import RoundCosts, Source
 from .session import DraftSession
-from .verification import fast_verification
+from .verification import fast_verification, reserve_cache_rows
 
 logger = logging.getLogger("transformers_longspark")
 
-CALIBRATION_VERSION = 7  # 7: the fast path's lean decoder layers (a cheaper target step)
+CALIBRATION_VERSION = 8  # 8: the step's growth from paired short and long steps, at 2,048 tokens
 SHORT_PREFIX = 128
-LONG_PREFIX = 1024
+LONG_PREFIX = 2048
 VERIFY_TOKENS = (1, 2, 3, 4, 5, 7, 10)
 BATCH_ROWS = (16, 32, 64)
 DRAFT_BATCH = 8
@@ -207,7 +211,7 @@ def calibrate(target: PreTrainedModel, drafter: LongSparkDrafterModel, repeats: 
     settings = replace(DraftSettings.from_drafter(drafter), lookup_min_match=0, use_drafter=True, costs=RoundCosts())
     prompt = torch.randint(vocab, (1, SHORT_PREFIX), generator=generator).to(device)
     forward_rows = sorted({1 + k for k in VERIFY_TOKENS} | set(BATCH_ROWS))
-    steps, rounds, forwards = [], [], {n: [] for n in forward_rows}
+    steps, long_steps, rounds, forwards = [], [], [], {n: [] for n in forward_rows}
     session = DraftSession(drafter, target, settings)
     cache = DynamicCache(config=target.config)
     rows = SHORT_PREFIX + repeats + 2 + max(forward_rows)
@@ -224,25 +228,27 @@ def calibrate(target: PreTrainedModel, drafter: LongSparkDrafterModel, repeats: 
     try:
         with fast_path(cache, rows), packed_drafter_weights(drafter):
             target(prompt, cache=cache, use_cache=True, logits_to_keep=1)
+            long_cache = _prefilled_cache(target, vocab, long_prefix, generator)
             state, planner, ids = session.new_state(), session.new_planner(), prompt
             for _ in range(repeats + 1):  # the first of each is a warm-up
                 token = torch.randint(vocab, (1, 1), generator=generator).to(device)
                 ids = torch.cat([ids, token], dim=1)
                 steps.append(_timed(device, target, token, cache=cache, use_cache=True, logits_to_keep=1))
+                long_steps.append(_timed(device, target, token, cache=long_cache, use_cache=True, logits_to_keep=1))
+                long_cache.crop(-1)
                 rounds.append(_timed(device, _drafter_round, session, state, [planner], cache, ids))
                 for n in forward_rows:
                     block = torch.randint(vocab, (1, n), generator=generator).to(device)
                     forwards[n].append(_timed(device, target, block, cache=cache, use_cache=True))
                     cache.crop(-n)
-        long_steps = _long_steps(fast_path, target, vocab, long_prefix, repeats, generator)
         batch_rounds = _batch_drafter_rounds(session, fast_path, target, vocab, DRAFT_BATCH, repeats, generator)
     finally:
         session.close()
     step, long_step, draft_round = min(steps[1:]), min(long_steps[1:]), min(rounds[1:])
+    growth = statistics.median(long / short for long, short in zip(long_steps[1:], steps[1:], strict=True)) - 1.0
     forward_ms = {n: min(times[1:]) * 1e3 for n, times in forwards.items()}
     batch_draft_round_ms = {DRAFT_BATCH: min(batch_rounds[1:]) * 1e3}
     round_cost, token_cost = _line([(k, forward_ms[1 + k] / (step * 1e3) - 1.0) for k in VERIFY_TOKENS])
-    growth = long_step / step - 1.0
     doubling = round((long_prefix - SHORT_PREFIX) / growth) if growth > MIN_STEP_GROWTH else 0
     costs = RoundCosts(
         draft_round_cost=draft_round / step,
@@ -302,20 +308,15 @@ def _batch_drafter_rounds(
     return times
 
 
-def _long_steps(fast_path, target, vocab: int, length: int, repeats: int, generator: torch.Generator) -> list[float]:
-    """One-token forwards at a prefix of `length` tokens (prefilled in chunks) on the fast path."""
-    device = target.device
+def _prefilled_cache(target, vocab: int, length: int, generator: torch.Generator) -> DynamicCache:
+    """A cache of `length` random tokens (prefilled in chunks) with rows reserved for one more, for one-token steps
+    at that prefix inside the caller's fast verification block (each step cropped after it)."""
     cache = DynamicCache(config=target.config)
-    with fast_path(cache, length + 2):
-        for start in range(0, length, 1024):
-            chunk = torch.randint(vocab, (1, min(1024, length - start)), generator=generator).to(device)
-            target(chunk, cache=cache, use_cache=True, logits_to_keep=1)
-        token = torch.randint(vocab, (1, 1), generator=generator).to(device)
-        times = []
-        for _ in range(repeats + 1):
-            times.append(_timed(device, target, token, cache=cache, use_cache=True, logits_to_keep=1))
-            cache.crop(-1)
-    return times
+    reserve_cache_rows(cache, length + 1)
+    for start in range(0, length, 1024):
+        chunk = torch.randint(vocab, (1, min(1024, length - start)), generator=generator).to(target.device)
+        target(chunk, cache=cache, use_cache=True, logits_to_keep=1)
+    return cache
 
 
 def _timed(device: torch.device, function, *args, **kwargs) -> float:
