@@ -84,8 +84,10 @@ def explain(speedup: float, tau: float, long_prefix: bool, plain_rounds: int = 0
                 f"this answer neither source repays most rounds on this machine, and the {rounds - plain_rounds} "
                 f"rounds that proposed gained {extra} tokens ({README_SECTION}).")  # fmt: skip
     if long_prefix:
-        return (f"LongSpark is {pace} here with {tau:.2f} tokens per round, much of it from its fast verification "
-                f"path (no cache copies at long prefixes), which plain generate can use too ({README_SECTION}).")
+        return (
+            f"LongSpark is {pace} here with {tau:.2f} tokens per round, much of it from its fast verification "
+            f"path (no cache copies at long prefixes), which plain generate can use too ({README_SECTION})."
+        )
     return f"LongSpark is {pace} here: {tau:.2f} tokens per round against the cost of a round ({README_SECTION})."
 
 
@@ -130,8 +132,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--long-prompt-tokens", type=int, default=4096, help="length of the long-code prompt")
     parser.add_argument("--skip-long", action="store_true", help="run the chat case only")
     parser.add_argument("--drafter", type=Path, help="drafter folder (default: the shipped SmolLM2 drafter)")
-    parser.add_argument("--num-threads", type=int,
-                        help="torch CPU threads (default: torch's default minus the cores other processes keep busy)")
+    parser.add_argument(
+        "--num-threads",
+        type=int,
+        help="torch CPU threads (default: torch's default minus the cores other processes keep busy)",
+    )
     return parser.parse_args()
 
 

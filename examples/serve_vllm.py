@@ -32,8 +32,12 @@ def main() -> None:
     parser.add_argument("--long-prompt-tokens", type=int, default=2048)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--drafter", default=str(SHIPPED_DRAFTER_DIR))
-    parser.add_argument("--kv-cache-bytes", type=int, default=DEFAULT_KV_CACHE_BYTES,
-                        help="KV-cache size (default 1 GiB; vLLM's own default reserves 92%% of RAM)")
+    parser.add_argument(
+        "--kv-cache-bytes",
+        type=int,
+        default=DEFAULT_KV_CACHE_BYTES,
+        help="KV-cache size (default 1 GiB; vLLM's own default reserves 92%% of RAM)",
+    )
     parser.add_argument("--json", type=Path, help="also write the table's figures (and the settings) to this file")
     parser.add_argument("--verbose", action="store_true", help="keep vLLM's info logs (engine start-up, shutdown)")
     args = parser.parse_args()

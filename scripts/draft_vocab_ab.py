@@ -66,9 +66,10 @@ def main() -> None:
             for name in names[index % len(names) :] + names[: index % len(names)]:
                 drafter = drafters[name]
                 torch.manual_seed(index)
-                with drafter_settings(drafter, DRAFTER_ALONE if setting == "alone" else {}), time_forward_calls(
-                    target
-                ) as calls:
+                with (
+                    drafter_settings(drafter, DRAFTER_ALONE if setting == "alone" else {}),
+                    time_forward_calls(target) as calls,
+                ):
                     start = time.perf_counter()
                     output = target.generate(ids, assistant_model=drafter, **kwargs)
                     seconds = time.perf_counter() - start

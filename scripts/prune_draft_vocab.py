@@ -71,8 +71,10 @@ def main() -> None:
         score[draft_vocab == token] = float("inf")
     kept = draft_vocab[torch.argsort(score, descending=True)[: args.size]].sort().values
     for name, counts in sources.items():
-        print(f"{name}: {int(counts.sum())} tokens; the shipped vocabulary covers "
-              f"{counts[draft_vocab].sum() / counts.sum():.4f}, the kept {counts[kept].sum() / counts.sum():.4f}")
+        print(
+            f"{name}: {int(counts.sum())} tokens; the shipped vocabulary covers "
+            f"{counts[draft_vocab].sum() / counts.sum():.4f}, the kept {counts[kept].sum() / counts.sum():.4f}"
+        )
     pruned = drafter.with_draft_vocab(kept)
     pruned.save_pretrained(args.output)
     print(f"Saved a drafter of {args.size} draft tokens to {args.output}")

@@ -23,19 +23,23 @@ from transformers_longspark.inference.planning import RoundPlanner, Source, Sour
 
 VOCAB, ANCHOR, DRAWS = 4, 4, 200_000
 Q_FIRST = torch.tensor([0.5, 0.3, 0.15, 0.05])
-Q_SECOND = torch.tensor([  # q_2(. | y_1), row y_1
-    [0.85, 0.1, 0.03, 0.02],  # confident, but y_2 = 1 has probability 0.1 < 0.3
-    [0.2, 0.7, 0.05, 0.05],  # block product 0.3 * 0.7 = 0.21 < 0.25
-    [0.25, 0.25, 0.25, 0.25],  # confidence 0.25 < 0.3
-    [0.1, 0.1, 0.1, 0.7],
-])
+Q_SECOND = torch.tensor(
+    [  # q_2(. | y_1), row y_1
+        [0.85, 0.1, 0.03, 0.02],  # confident, but y_2 = 1 has probability 0.1 < 0.3
+        [0.2, 0.7, 0.05, 0.05],  # block product 0.3 * 0.7 = 0.21 < 0.25
+        [0.25, 0.25, 0.25, 0.25],  # confidence 0.25 < 0.3
+        [0.1, 0.1, 0.1, 0.7],
+    ]
+)
 P_FIRST = torch.tensor([0.3, 0.3, 0.3, 0.1])
-P_SECOND = torch.tensor([  # p_2(. | t_1), row t_1
-    [0.5, 0.5, 0.0, 0.0],
-    [0.1, 0.2, 0.3, 0.4],
-    [0.4, 0.3, 0.2, 0.1],
-    [0.25, 0.25, 0.25, 0.25],
-])
+P_SECOND = torch.tensor(
+    [  # p_2(. | t_1), row t_1
+        [0.5, 0.5, 0.0, 0.0],
+        [0.1, 0.2, 0.3, 0.4],
+        [0.4, 0.3, 0.2, 0.1],
+        [0.25, 0.25, 0.25, 0.25],
+    ]
+)
 
 
 class HandSetDrafter:

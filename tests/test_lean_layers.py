@@ -102,4 +102,3 @@ def test_training_mode_takes_the_stock_forward(monkeypatch):
     with fast_verification(target):
         target(torch.arange(6)[None])
     assert not lean_calls
-

@@ -25,8 +25,9 @@ def build_target(kind: str, num_heads: int = 4, num_kv_heads: int = 2, dtype=tor
                             max_position_embeddings=1024)  # fmt: skip
         target = model_cls(config).eval()
     else:
-        target = make_target(kind, hidden_size=48, num_hidden_layers=2, num_attention_heads=num_heads,
-                             num_key_value_heads=num_kv_heads)
+        target = make_target(
+            kind, hidden_size=48, num_hidden_layers=2, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads
+        )
     return target.to(dtype)
 
 

@@ -82,7 +82,7 @@ def select_target_layers(drafter: LongSparkDrafterModel, target_layer_ids: list[
     state = {}
     for name, tensor in drafter.state_dict().items():
         if name.startswith("layers."):
-            index, rest = name[len("layers."):].split(".", 1)
+            index, rest = name[len("layers.") :].split(".", 1)
             if int(index) in keep:
                 state[f"layers.{keep.index(int(index))}.{rest}"] = tensor
         elif name == "summary_queries":
