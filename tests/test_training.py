@@ -147,15 +147,14 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tmp_path, monkeyp
     straight.train()
 
     interrupted = Trainer(tiny_config(tmp_path / "b"), target=target)
-    save = Trainer.save_checkpoint
+    log = Trainer._log
 
-    def save_then_stop(self):
-        path = save(self)
-        if self.step == 2:
+    def log_then_stop(self, record):  # stopped after step 3, one step past the checkpoint of step 2
+        log(self, record)
+        if record["step"] == 3:
             raise KeyboardInterrupt
-        return path
 
-    monkeypatch.setattr(Trainer, "save_checkpoint", save_then_stop)
+    monkeypatch.setattr(Trainer, "_log", log_then_stop)
     with pytest.raises(KeyboardInterrupt):
         interrupted.train()
     monkeypatch.undo()
@@ -165,7 +164,7 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tmp_path, monkeyp
     for (name, a), (_, b) in zip(straight.model.state_dict().items(), resumed.model.state_dict().items()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
     logged = [json.loads(line) for line in (tmp_path / "b" / "run" / "log.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in logged] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in logged] == [1, 2, 3, 4, 5, 6]  # step 3 ran twice, and is logged once
     straight_log = [json.loads(line) for line in (tmp_path / "a" / "run" / "log.jsonl").read_text().splitlines()]
     assert [r["tokens"] for r in logged] == [r["tokens"] for r in straight_log] == [48 * s for s in range(1, 7)]
 

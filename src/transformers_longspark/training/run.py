@@ -388,6 +388,9 @@ class Trainer:
         self.model.bind_target(self.target)  # re-gathers the LM-head rows of the restored draft vocabulary
         state = json.loads((latest / "trainer_state.json").read_text())
         self.step, self.tokens_seen = state["step"], state.get("tokens_seen", 0)
+        if self.accelerator.is_main_process and self.log_path.exists():  # the steps after it run (and log) again
+            records = self.log_path.read_text().splitlines(keepends=True)
+            self.log_path.write_text("".join(r for r in records if json.loads(r).get("step", 0) <= self.step))
         logger.info("Resumed from %s (step %d).", latest, self.step)
 
 
