@@ -59,7 +59,12 @@ norm and LM head are borrowed at run time.
 """
 
 
-CARD_METHODS = ("plain", "plain_fast", "plain_static", "prompt_lookup_fast", "full_prefix", "longspark")
+# The plain paths, then what each source adds (the attribution methods of `benchmarks/settings.py`), then LongSpark.
+CARD_METHODS = (
+    "plain", "plain_fast", "plain_static", "prompt_lookup_fast", "full_prefix",
+    "longspark_drafter_only", "longspark_drafter_planned", "longspark_lookup_only", "longspark_no_proposals",
+    "longspark",
+)  # fmt: skip
 
 
 def _results_table(reports: list[dict[str, Any]]) -> str:
