@@ -6,7 +6,7 @@
 #   data/smollm2-greedy   one greedy answer per prompt, with the 120 held-out chats the teacher-forced tables read
 #   data/smollm2-code-greedy{,-2,-3,-4}   greedy continuations of raw code cut at four sets of points (seeds 0-3;
 #                         the first holds out 40 continuations, the later ones leave those files out)
-# ~10 minutes on the 2-vCPU VM when every archive applies (vLLM's environment is installed first if missing, ~4 min).
+# ~7 minutes on a 2-vCPU VM when every archive applies (vLLM's environment is installed first if missing, ~4 min).
 # Usage: bash scripts/smollm2_data.sh    (then e.g. `longspark train --config configs/experiments/stage12-code4.yaml`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
