@@ -155,8 +155,8 @@ def calibrated(target: PreTrainedModel, drafter: LongSparkDrafterModel) -> Calib
     calibration = _read_cached(path)
     if calibration is None:
         logger.warning(
-            "LongSpark: measuring the round costs of this drafter with this target on this machine (once, a few "
-            "seconds; cached in %s; `longspark calibrate` re-measures).",
+            "LongSpark: measuring the round costs of this drafter with this target on this machine (once, ~20 s "
+            "on a 2-core CPU; cached in %s; `longspark calibrate` re-measures).",
             path,
         )
         calibration = calibrate_and_cache(target, drafter)[0]
