@@ -7,6 +7,9 @@
 #   data/smollm2-code-greedy{,-2,-3,-4}   greedy continuations of raw code cut at four sets of points (seeds 0-3;
 #                         the first holds out 40 continuations, the later ones leave those files out)
 # ~7 minutes on a 2-vCPU VM when every archive applies (vLLM's environment is installed first if missing, ~4 min).
+# An archive applies only to the prompt list it was sampled from (hashed): the code prompts are cut from the corpus's
+# Python files (PyPI packages at their latest release, this interpreter's stdlib), so after a new release of one of
+# them a code set is sampled again (~45 min with vLLM).
 # Usage: bash scripts/smollm2_data.sh    (then e.g. `longspark train --config configs/experiments/stage12-code4.yaml`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
