@@ -43,7 +43,8 @@ def write_calibration(target, drafter, costs: dict, blas_max_rows=1, max_packed_
     key = calibration_key(target, drafter)
     path = calibration_path(key)
     path.parent.mkdir(parents=True, exist_ok=True)
-    times = {"step_ms": 30.0, "long_step_ms": 31.0, "draft_round_ms": 9.0, "forward_ms": {}, "batch_draft_round_ms": {}}
+    times = {"step_ms": 30.0, "long_step_ms": 31.0, "draft_round_ms": 9.0, "forward_ms": {}, "long_forward_ms": {},
+             "batch_draft_round_ms": {}}  # fmt: skip
     kernels = {"blas_max_rows": blas_max_rows, "max_packed_rows": max_packed_rows}
     record = {"version": key["version"], "costs": costs, **kernels, **times, "key": key}
     path.write_text(json.dumps(record))
@@ -81,6 +82,11 @@ def test_calibration_measures_finite_costs_without_touching_the_global_rng():
     assert result.step_ms > 0 and result.draft_round_ms > 0
     assert sorted(result.forward_ms) == [2, 3, 4, 5, 6, 8, 11, 16, 32, 64]
     assert [n for n, _ in result.costs.forward_costs] == sorted(result.forward_ms)
+    assert [n for n, _ in result.costs.long_forward_costs] == sorted(result.long_forward_ms) == [2, 4, 8, 16]
+    for curve in (result.costs.forward_costs, result.costs.long_forward_costs):  # more rows never cost less
+        costs = [cost for _, cost in curve]
+        assert costs == sorted(costs) and costs[0] >= 1.0, curve
+    assert result.costs.long_prefix_length > 0
     assert [n for n, _ in result.costs.draft_batch_costs] == sorted(result.batch_draft_round_ms) == [8]
     assert check_costs(result.costs, "the test") is result.costs
     assert result.key == calibration_key(target, drafter)

@@ -259,8 +259,8 @@ def test_generate_law_when_past_rounds_choose_the_lookup_length(lookup_setup, mo
         planner.records[Source.DRAFTER] = SourceRecord(accepted=0.0, proposed=2.0, rejected=1.0)
         return planner
 
-    def recorded(self, available, matched=0):
-        lengths.append((available, lookup_length(self, available, matched)))
+    def recorded(self, available, matched=0, length=0):
+        lengths.append((available, lookup_length(self, available, matched, length)))
         return lengths[-1][1]
 
     monkeypatch.setattr(DraftSettings, "new_planner", seeded)

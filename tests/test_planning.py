@@ -345,3 +345,31 @@ def test_a_batch_whose_proposals_do_not_pay_decodes_in_plain_batched_steps():
     stats = drafter.drafting_stats
     assert stats.drafter_rounds == 1  # the untried drafter once, then plain batched steps only
     assert stats.plain_rounds == stats.rounds - 3
+
+
+def test_a_verification_at_a_long_prefix_is_priced_from_both_measured_prefixes():
+    """Each verified row attends over the whole prefix: with forwards measured at a short and at a long prefix (here
+    2,048 tokens), a forward's cost at any prefix follows the line through their milliseconds, over the step there;
+    so at 4K a marginal drafter block that pays at a short prefix is priced out, and a lookup continuation is cut
+    shorter."""
+    short, long = ((2, 1.05), (4, 1.15), (8, 1.3)), ((2, 1.25), (4, 1.4), (8, 1.8))
+    costs = RoundCosts(draft_round_cost=0.2, forward_costs=short, long_forward_costs=long, long_prefix_length=2048,
+                       step_doubling_length=4096)  # fmt: skip
+    assert costs.forward_cost(8, 0) == pytest.approx(1.3) and costs.forward_cost(8, 2048) == pytest.approx(1.8)
+    step_4k, forward_4k = 1 + 4096 / 4096, 1.3 + (1.8 * 1.5 - 1.3) * 2  # in short-prefix steps
+    assert costs.forward_cost(8, 4096) == pytest.approx(forward_4k / step_4k)
+    assert costs.verify_cost(7, 4096) == pytest.approx(forward_4k / step_4k - 1)
+    costs_at = [costs.verify_cost(3, n) for n in (0, 1024, 2048, 4096, 32768)]
+    assert costs_at == sorted(costs_at) and costs_at[-1] < 1.0  # grows with the prefix, towards a limit
+    assert RoundCosts(forward_costs=short).forward_cost(8, 4096) == pytest.approx(1.3)  # no long curve: as short
+    flat = RoundCosts(forward_costs=short, long_forward_costs=long, long_prefix_length=2048)  # a flat step
+    assert flat.forward_cost(8, 32768) == pytest.approx(1.8)  # not extrapolated beyond the measured prefix
+    assert costs.batch_verify_cost(1, 3, 4096) == costs.verify_cost(3, 4096)
+    eight_rows, two_rows = costs.forward_cost(8, 4096), costs.forward_cost(2, 4096)
+    assert costs.batch_verify_cost(2, 3, 4096) == pytest.approx(eight_rows / two_rows - 1)
+    # A drafter keeping 3 drafts in 10: (1 + E) over the round's cost is above a plain step at a short prefix only.
+    assert costs.drafter_value(0.3, 7, 0)[0] > 1.02 and costs.drafter_value(0.3, 7, 4096)[0] < 0.95
+    planner = RoundPlanner(costs)
+    for _ in range(8):
+        planner.record(Source.LOOKUP, 6, 2)
+    assert planner.lookup_length(10, length=4096) < planner.lookup_length(10, length=0)

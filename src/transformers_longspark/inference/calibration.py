@@ -3,7 +3,7 @@
 The planner (`planning.py`) counts costs in plain decoding steps of the target, and what a round costs in those steps
 depends on the machine (a CPU's kernels and memory, a GPU), the target, the dtypes and the thread count, not on the
 drafter's weights. So a drafter whose `generation_config` sets `calibrate_costs` does not carry one machine's
-constants: at its first `generate` on a new machine and target the costs are measured (~20 s for a small
+constants: at its first `generate` on a new machine and target the costs are measured (~50 s for a small
 target: random tokens, the fast verification path, one `DraftSession`) and cached as JSON under
 `$LONGSPARK_CACHE/calibration/`, keyed by the CPU (or GPU), torch's CPU capability and thread count, the target's
 config and dtype, and the drafter's architecture, dtype and linear dtype (not its weights or where it was saved: the
@@ -11,8 +11,8 @@ checkpoints of one training run share one calibration, so that comparing them pr
 `longspark calibrate` measures (or re-measures) ahead of time. A cached file with a nonsensical cost (negative,
 non-finite) is measured again, with a warning.
 
-What is measured, interleaved so that a busy machine skews all parts alike (the fastest of `repeats` each: other
-processes only ever add time):
+What is measured, interleaved so that a busy machine skews all parts alike, each as the median over `repeats` of
+its ratio to the one-token step of the same repeat (`_paired_ratio`):
 - first, which kernel runs the target's linear layers at a few rows (`blas_max_rows`,
   `packed_linear.measure_blas_max_rows`), and whether the packed kernel beats `F.linear` at a prefill's rows too
   (`max_packed_rows`, `packed_linear.measure_max_packed_rows`): the fast path then takes both, in the forwards below
@@ -21,16 +21,21 @@ processes only ever add time):
 - a drafter round (boundary states, context read with the summary update, planning, the drafter forward and its
   token loop) -> `draft_round_cost = round / step`;
 - forwards of `1 + k` tokens for `k` in `VERIFY_TOKENS` and of `BATCH_ROWS` tokens -> `forward_costs`, `forward /
-  step` at every measured row count, which prices a verification (`RoundCosts.verify_cost`, and a batch's:
-  `RoundCosts.batch_verify_cost`), and the least squares line through `forward / step - 1` of `VERIFY_TOKENS` (each
-  clamped at 0) -> `verify_round_cost + verify_token_cost * k`, the drafter config's own fields, as a record;
+  step` at every measured row count (each at least the one before it: `_nondecreasing`), which prices a
+  verification (`RoundCosts.verify_cost`, and a batch's: `RoundCosts.batch_verify_cost`), and the least squares line
+  through `forward / step - 1` of `VERIFY_TOKENS` -> `verify_round_cost + verify_token_cost * k`, the drafter
+  config's own fields, as a record;
 - a drafter round over `DRAFT_BATCH` requests of a batched cache -> `draft_batch_costs`, so that a batch prices its
   drafter round as measured (its context reads and drafter forward grow with the rows, not as the target step does);
 - a one-token forward at `LONG_PREFIX` right after each short step (a second cache) -> `step_doubling_length`, the
-  prefix over which the step's cost grows by one step (0 where it does not grow measurably), from the median of the
-  pairs' ratios: the growth is a small difference of two steps, which the minima of two separate loops put anywhere
-  in a 4x range between calibrations on one busy VM (and the drafter's round at 4K tokens with it), while drift
-  moves both steps of a pair alike.
+  prefix over which the step's cost grows by one step (0 where it does not grow measurably), and forwards of
+  `LONG_FORWARD_ROWS` tokens there -> `long_forward_costs`, in steps at that prefix: each verified row attends over
+  the whole prefix, so that a few rows cost more steps at a long prefix than at a short one
+  (`RoundCosts.forward_cost` reads between and beyond the two).
+
+Paired medians, not the minima of separate loops: the minima put the growth of the step anywhere in a 4x range between
+calibrations on one busy VM, and a calibration taken beside another process priced a 2-token forward at 0.95 steps
+where `generate` on the idle machine ran it at 1.08, so that drafts kept 1 time in 10 looked worth verifying.
 """
 
 from __future__ import annotations
@@ -67,13 +72,14 @@ from .verification import fast_verification, reserve_cache_rows
 
 logger = logging.getLogger("transformers_longspark")
 
-CALIBRATION_VERSION = 8  # 8: the step's growth from paired short and long steps, at 2,048 tokens
+CALIBRATION_VERSION = 9  # 9: every cost a median of ratios to the step of the same repeat; forwards at 4K
 SHORT_PREFIX = 128
-LONG_PREFIX = 2048
+LONG_PREFIX = 4096
 VERIFY_TOKENS = (1, 2, 3, 4, 5, 7, 10)
 BATCH_ROWS = (16, 32, 64)
+LONG_FORWARD_ROWS = (2, 4, 8, 16)
 DRAFT_BATCH = 8
-REPEATS = 7
+REPEATS = 9
 # Growth of the step below this fraction between the two prefixes is noise: the step is taken as flat.
 MIN_STEP_GROWTH = 0.05
 
@@ -93,6 +99,7 @@ class Calibration:
     long_step_ms: float
     draft_round_ms: float
     forward_ms: dict[int, float]
+    long_forward_ms: dict[int, float]
     batch_draft_round_ms: dict[int, float]
     key: dict[str, Any]
 
@@ -155,7 +162,7 @@ def calibrated(target: PreTrainedModel, drafter: LongSparkDrafterModel) -> Calib
     calibration = _read_cached(path)
     if calibration is None:
         logger.warning(
-            "LongSpark: measuring the round costs of this drafter with this target on this machine (once, ~20 s "
+            "LongSpark: measuring the round costs of this drafter with this target on this machine (once, ~50 s "
             "on a 2-core CPU; cached in %s; `longspark calibrate` re-measures).",
             path,
         )
@@ -189,7 +196,7 @@ def _read_cached(path: Path) -> Calibration | None:
             raise ValueError(f"max_packed_rows must be a whole number of rows >= {MAX_PACKED_ROWS}, got "
                              f"{data['max_packed_rows']!r}")  # fmt: skip
         # JSON keys are strings: the row and batch counts back to ints.
-        for name in ("forward_ms", "batch_draft_round_ms"):
+        for name in ("forward_ms", "long_forward_ms", "batch_draft_round_ms"):
             data[name] = {int(rows): ms for rows, ms in data[name].items()}
         return Calibration(costs=costs, **data)
     except (ValueError, KeyError, TypeError) as error:
@@ -212,6 +219,7 @@ def calibrate(target: PreTrainedModel, drafter: LongSparkDrafterModel, repeats: 
     prompt = torch.randint(vocab, (1, SHORT_PREFIX), generator=generator).to(device)
     forward_rows = sorted({1 + k for k in VERIFY_TOKENS} | set(BATCH_ROWS))
     steps, long_steps, rounds, forwards = [], [], [], {n: [] for n in forward_rows}
+    long_forwards = {n: [] for n in LONG_FORWARD_ROWS}
     session = DraftSession(drafter, target, settings)
     cache = DynamicCache(config=target.config)
     rows = SHORT_PREFIX + repeats + 2 + max(forward_rows)
@@ -228,7 +236,7 @@ def calibrate(target: PreTrainedModel, drafter: LongSparkDrafterModel, repeats: 
     try:
         with fast_path(cache, rows), packed_drafter_weights(drafter):
             target(prompt, cache=cache, use_cache=True, logits_to_keep=1)
-            long_cache = _prefilled_cache(target, vocab, long_prefix, generator)
+            long_cache = _prefilled_cache(target, vocab, long_prefix, max(LONG_FORWARD_ROWS), generator)
             state, planner, ids = session.new_state(), session.new_planner(), prompt
             for _ in range(repeats + 1):  # the first of each is a warm-up
                 token = torch.randint(vocab, (1, 1), generator=generator).to(device)
@@ -236,6 +244,10 @@ def calibrate(target: PreTrainedModel, drafter: LongSparkDrafterModel, repeats: 
                 steps.append(_timed(device, target, token, cache=cache, use_cache=True, logits_to_keep=1))
                 long_steps.append(_timed(device, target, token, cache=long_cache, use_cache=True, logits_to_keep=1))
                 long_cache.crop(-1)
+                for n in LONG_FORWARD_ROWS:
+                    block = torch.randint(vocab, (1, n), generator=generator).to(device)
+                    long_forwards[n].append(_timed(device, target, block, cache=long_cache, use_cache=True))
+                    long_cache.crop(-n)
                 rounds.append(_timed(device, _drafter_round, session, state, [planner], cache, ids))
                 for n in forward_rows:
                     block = torch.randint(vocab, (1, n), generator=generator).to(device)
@@ -244,19 +256,26 @@ def calibrate(target: PreTrainedModel, drafter: LongSparkDrafterModel, repeats: 
         batch_rounds = _batch_drafter_rounds(session, fast_path, target, vocab, DRAFT_BATCH, repeats, generator)
     finally:
         session.close()
-    step, long_step, draft_round = min(steps[1:]), min(long_steps[1:]), min(rounds[1:])
-    growth = statistics.median(long / short for long, short in zip(long_steps[1:], steps[1:], strict=True)) - 1.0
-    forward_ms = {n: min(times[1:]) * 1e3 for n, times in forwards.items()}
-    batch_draft_round_ms = {DRAFT_BATCH: min(batch_rounds[1:]) * 1e3}
+    steps = steps[1:]  # the first of each is a warm-up
+    step = statistics.median(steps)
+    growth = _paired_ratio(long_steps, steps) - 1.0
+    forward_costs = _nondecreasing([_paired_ratio(forwards[n], steps) for n in forward_rows])
+    forward_ms = {n: cost * step * 1e3 for n, cost in zip(forward_rows, forward_costs, strict=True)}
+    long_forward_costs = _nondecreasing([_paired_ratio(long_forwards[n], long_steps[1:]) for n in LONG_FORWARD_ROWS])
+    long_step_ms = (1.0 + growth) * step * 1e3
+    long_forward_ms = {n: cost * long_step_ms for n, cost in zip(LONG_FORWARD_ROWS, long_forward_costs, strict=True)}
+    batch_draft_round_ms = {DRAFT_BATCH: statistics.median(batch_rounds[1:]) * 1e3}
     round_cost, token_cost = _line([(k, forward_ms[1 + k] / (step * 1e3) - 1.0) for k in VERIFY_TOKENS])
     doubling = round((long_prefix - SHORT_PREFIX) / growth) if growth > MIN_STEP_GROWTH else 0
     costs = RoundCosts(
-        draft_round_cost=draft_round / step,
+        draft_round_cost=_paired_ratio(rounds, steps),
         verify_round_cost=max(0.0, round_cost),
         verify_token_cost=max(0.0, token_cost),
         step_doubling_length=int(doubling),
-        forward_costs=tuple((n, ms / (step * 1e3)) for n, ms in forward_ms.items()),
+        forward_costs=tuple(zip(forward_rows, forward_costs)),
         draft_batch_costs=tuple((n, ms / (step * 1e3)) for n, ms in batch_draft_round_ms.items()),
+        long_forward_costs=tuple(zip(LONG_FORWARD_ROWS, long_forward_costs)),
+        long_prefix_length=long_prefix,
     )
     check_costs(costs, "The measured calibration")
     return Calibration(
@@ -264,9 +283,10 @@ def calibrate(target: PreTrainedModel, drafter: LongSparkDrafterModel, repeats: 
         blas_max_rows=blas_max_rows,
         max_packed_rows=max_packed_rows,
         step_ms=step * 1e3,
-        long_step_ms=long_step * 1e3,
-        draft_round_ms=draft_round * 1e3,
+        long_step_ms=long_step_ms,
+        draft_round_ms=costs.draft_round_cost * step * 1e3,
         forward_ms=forward_ms,
+        long_forward_ms=long_forward_ms,
         batch_draft_round_ms=batch_draft_round_ms,
         key=calibration_key(target, drafter),
     )
@@ -308,11 +328,11 @@ def _batch_drafter_rounds(
     return times
 
 
-def _prefilled_cache(target, vocab: int, length: int, generator: torch.Generator) -> DynamicCache:
-    """A cache of `length` random tokens (prefilled in chunks) with rows reserved for one more, for one-token steps
-    at that prefix inside the caller's fast verification block (each step cropped after it)."""
+def _prefilled_cache(target, vocab: int, length: int, rows: int, generator: torch.Generator) -> DynamicCache:
+    """A cache of `length` random tokens (prefilled in chunks) with rows reserved for `rows` more, for forwards at
+    that prefix inside the caller's fast verification block (each cropped after it)."""
     cache = DynamicCache(config=target.config)
-    reserve_cache_rows(cache, length + 1)
+    reserve_cache_rows(cache, length + rows)
     for start in range(0, length, 1024):
         chunk = torch.randint(vocab, (1, min(1024, length - start)), generator=generator).to(target.device)
         target(chunk, cache=cache, use_cache=True, logits_to_keep=1)
@@ -328,6 +348,28 @@ def _timed(device: torch.device, function, *args, **kwargs) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - start
+
+
+def _paired_ratio(times: list[float], steps: list[float]) -> float:
+    """The median over repeats of `times[i] / steps[i]` (the first of `times`, a warm-up, left out): a part timed in
+    the same repeat as its step, so that drift and other processes move both alike (the minima of two loops put a
+    small difference anywhere on a busy VM)."""
+    return statistics.median(t / step for t, step in zip(times[1:], steps, strict=True))
+
+
+def _nondecreasing(costs: list[float]) -> list[float]:
+    """The least-squares nondecreasing fit of `costs`, of forwards of more and more rows (pooling adjacent violators),
+    at least one step: a forward of more tokens never costs less, so a dip is noise, which would price a longer
+    proposal below a shorter one; one slow repeat of a middle row count is averaged with its neighbours, not carried
+    up to every count after it."""
+    blocks: list[list[float]] = []  # [sum, count] of runs of equal fitted costs
+    for cost in costs:
+        blocks.append([cost, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return [max(1.0, total / count) for total, count in blocks for _ in range(int(count))]
 
 
 def _line(points: list[tuple[float, float]]) -> tuple[float, float]:

@@ -271,7 +271,7 @@ def plan_round(requests: DraftRequests, settings: DraftSettings, planners: list[
         can_draft = settings.use_drafter and room > 0
         source = planner.choose(continuation, can_draft=can_draft, length=length, matched=matched, room=room)
         if source is Source.LOOKUP:
-            continuations[r] = continuation[: planner.lookup_length(len(continuation), matched)]
+            continuations[r] = continuation[: planner.lookup_length(len(continuation), matched, length)]
         elif source is Source.DRAFTER:
             draft_lengths[r] = planner.draft_length
         sources.append(source)

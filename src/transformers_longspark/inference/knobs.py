@@ -81,7 +81,7 @@ def pinned_costs(costs: RoundCosts, generation_config: Any) -> RoundCosts:
     """`costs` (a calibration's) with each cost field that `generation_config` sets in place of its measurement: e.g.
     `draft_round_cost=0` makes the drafter never priced out of a round while the verification keeps its measured
     price, so the planner still chooses how many drafts to verify. A pinned drafter cost drops the measured batch
-    points, and a pinned verification cost the measured curve of `forward_costs` (else the pin would be ignored)."""
+    points, and a pinned verification cost the measured curves of `forward_costs` (else the pin would be ignored)."""
     pinned = {name: getattr(generation_config, name, None) for name in COST_FIELDS}
     pinned = {name: value for name, value in pinned.items() if value is not None}
     if not pinned:
@@ -90,7 +90,7 @@ def pinned_costs(costs: RoundCosts, generation_config: Any) -> RoundCosts:
     if "draft_round_cost" in pinned:
         pinned["draft_batch_costs"] = ()
     if {"verify_round_cost", "verify_token_cost"} & set(pinned):
-        pinned["forward_costs"] = ()
+        pinned["forward_costs"] = pinned["long_forward_costs"] = ()
     return replace(costs, **pinned)
 
 
@@ -102,7 +102,10 @@ def check_costs(costs: RoundCosts, source: str) -> RoundCosts:
         valid = isinstance(value, int) if name == "step_doubling_length" else _is_number(value)
         if not valid or not math.isfinite(value) or value < 0:
             raise ValueError(f"{source}: {name} must be a finite number >= 0, got {value!r}.")
-    for name in ("forward_costs", "draft_batch_costs"):
+    if type(costs.long_prefix_length) is not int or costs.long_prefix_length < 0:
+        raise ValueError(f"{source}: long_prefix_length must be a whole number of tokens >= 0, got "
+                         f"{costs.long_prefix_length!r}.")  # fmt: skip
+    for name in ("forward_costs", "draft_batch_costs", "long_forward_costs"):
         points = getattr(costs, name)
         sizes = [n for n, _ in points]
         if (
