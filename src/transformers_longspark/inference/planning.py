@@ -7,9 +7,10 @@ dearer, whatever `k`: `verify_round_cost`), and a drafter round `draft_round_cos
 drafter's round costs the same at any prefix length (its context is fixed-size), while the target's step grows with
 the prefix, by one more step every `step_doubling_length` tokens: at `t` tokens a drafter round costs
 `draft_round_cost / (1 + t / step_doubling_length)` steps. A calibration (`calibration.py`) measures the verification
-at every row count instead (`forward_costs`): on a CPU whose kernel changes between 3 and 4 rows the cost has a knee
-that no line follows. A source expected to yield `E` accepted drafts from `k` proposed ones gives
-`(1 + E) / (1 + cost)` tokens per step; plain decoding, a round that proposes nothing, gives 1.
+at every row count instead (`forward_costs`: on a CPU whose kernel changes between 3 and 4 rows the cost has a knee
+that no line follows), and at a long prefix too (`long_forward_costs`: each verified row attends over the whole
+prefix), so that a round is priced at its request's length. A source expected to yield `E` accepted drafts from `k`
+proposed ones gives `(1 + E) / (1 + cost)` tokens per step; plain decoding, a round that proposes nothing, gives 1.
 
 `RoundPlanner` keeps, per request and source, the running means of the drafts proposed and accepted per verified
 round and of the rounds that rejected one (`record`), and takes the source worth most (`choose`). Both sources' drafts
