@@ -259,22 +259,21 @@ def calibrate(target: PreTrainedModel, drafter: LongSparkDrafterModel, repeats: 
     steps = steps[1:]  # the first of each is a warm-up
     step = statistics.median(steps)
     growth = _paired_ratio(long_steps, steps) - 1.0
-    forward_costs = _nondecreasing([_paired_ratio(forwards[n], steps) for n in forward_rows])
-    forward_ms = {n: cost * step * 1e3 for n, cost in zip(forward_rows, forward_costs, strict=True)}
-    long_forward_costs = _nondecreasing([_paired_ratio(long_forwards[n], long_steps[1:]) for n in LONG_FORWARD_ROWS])
+    forward_costs = dict(zip(forward_rows, _nondecreasing([_paired_ratio(forwards[n], steps) for n in forward_rows])))
+    long_costs = _nondecreasing([_paired_ratio(long_forwards[n], long_steps[1:]) for n in LONG_FORWARD_ROWS])
+    long_forward_costs = dict(zip(LONG_FORWARD_ROWS, long_costs))
     long_step_ms = (1.0 + growth) * step * 1e3
-    long_forward_ms = {n: cost * long_step_ms for n, cost in zip(LONG_FORWARD_ROWS, long_forward_costs, strict=True)}
     batch_draft_round_ms = {DRAFT_BATCH: statistics.median(batch_rounds[1:]) * 1e3}
-    round_cost, token_cost = _line([(k, forward_ms[1 + k] / (step * 1e3) - 1.0) for k in VERIFY_TOKENS])
+    round_cost, token_cost = _line([(k, forward_costs[1 + k] - 1.0) for k in VERIFY_TOKENS])
     doubling = round((long_prefix - SHORT_PREFIX) / growth) if growth > MIN_STEP_GROWTH else 0
     costs = RoundCosts(
         draft_round_cost=_paired_ratio(rounds, steps),
         verify_round_cost=max(0.0, round_cost),
         verify_token_cost=max(0.0, token_cost),
         step_doubling_length=int(doubling),
-        forward_costs=tuple(zip(forward_rows, forward_costs)),
+        forward_costs=tuple(forward_costs.items()),
         draft_batch_costs=tuple((n, ms / (step * 1e3)) for n, ms in batch_draft_round_ms.items()),
-        long_forward_costs=tuple(zip(LONG_FORWARD_ROWS, long_forward_costs)),
+        long_forward_costs=tuple(long_forward_costs.items()),
         long_prefix_length=long_prefix,
     )
     check_costs(costs, "The measured calibration")
@@ -285,8 +284,8 @@ def calibrate(target: PreTrainedModel, drafter: LongSparkDrafterModel, repeats: 
         step_ms=step * 1e3,
         long_step_ms=long_step_ms,
         draft_round_ms=costs.draft_round_cost * step * 1e3,
-        forward_ms=forward_ms,
-        long_forward_ms=long_forward_ms,
+        forward_ms={n: cost * step * 1e3 for n, cost in forward_costs.items()},
+        long_forward_ms={n: cost * long_step_ms for n, cost in long_forward_costs.items()},
         batch_draft_round_ms=batch_draft_round_ms,
         key=calibration_key(target, drafter),
     )
