@@ -54,6 +54,9 @@ _PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 # What a block may compute in: a packable dtype, int8 weights (one scale per output row) with bf16 inputs, or the same
 # weights with inputs quantized on the fly (fbgemm's dynamic quantization).
 _COMPUTE_DTYPES = (*_PACKABLE_DTYPES, torch.int8, torch.qint8)
+# Sibling layers that read the same input, which the fast path runs as one product (`fused_linears`): a decoder's
+# query/key/value projections and its MLP's gate/up projections (transformers' names, which the drafter shares).
+FUSED_NAMES = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 class _ThreadState(threading.local):
@@ -91,26 +94,33 @@ def _forget(key: tuple[tuple[int, ...], torch.dtype]) -> None:
 
 def _packed_weight(weights: _Weights, dtype: torch.dtype) -> object:
     """`weights` stacked (one: as it is) in `dtype` and oneDNN's layout (packed on first use, again after any changes in
-    place), or `None` where it cannot be packed (the build or CPU lacks the kernel for that dtype). For `torch.int8`:
-    `(int8 weight, bf16 scale per output row)`, symmetric, for `torch._weight_int8pack_mm` (input widths that are
-    multiples of 16 only); for `torch.qint8`: fbgemm's prepacked int8 rows."""
-    state = tuple((w.data_ptr(), w._version) for w in weights)
-    entry = _entry(weights, dtype)
-    if entry is None or entry[1] != state:
-        weight = weights[0].detach() if len(weights) == 1 else torch.cat([w.detach() for w in weights])
-        try:
-            if dtype == torch.int8:  # the kernel reads inputs 16 wide: other widths give wrong results (torch 2.13)
-                packed = _int8_rows(weight.float()) if weight.shape[1] % 16 == 0 else None
-            elif dtype == torch.qint8:
-                packed = _dynamic_int8_rows(weight.float())
-            else:
-                packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype), None)
-        except RuntimeError:  # e.g. bf16 without AVX-512 / AVX-NE-CONVERT
-            packed = None
-        key = (tuple(map(id, weights)), dtype)
-        refs = tuple(weakref.ref(w, lambda _, key=key: _forget(key)) for w in weights)
-        entry = _packed[key] = (refs, state, packed)
-    return entry[2]
+    place), or `None` where it cannot be packed (a weight `_packable` rules out, or the build or CPU lacks the kernel
+    for that dtype). For `torch.int8`: `(int8 weight, bf16 scale per output row)`, symmetric, for
+    `torch._weight_int8pack_mm` (input widths that are multiples of 16 only); for `torch.qint8`: fbgemm's prepacked
+    int8 rows.
+
+    Runs for every packed product (~200 per verification forward of SmolLM2), so the lookup of a current copy is a
+    dict access and a comparison of each weight's storage and version, no more."""
+    key = (tuple([id(w) for w in weights]), dtype)
+    state = tuple([(w.data_ptr(), w._version) for w in weights])
+    entry = _packed.get(key)
+    if entry is not None and entry[1] == state and all(ref() is w for ref, w in zip(entry[0], weights)):
+        return entry[2]
+    if not all(_packable(w) for w in weights):
+        return None
+    weight = weights[0].detach() if len(weights) == 1 else torch.cat([w.detach() for w in weights])
+    try:
+        if dtype == torch.int8:  # the kernel reads inputs 16 wide: other widths give wrong results (torch 2.13)
+            packed = _int8_rows(weight.float()) if weight.shape[1] % 16 == 0 else None
+        elif dtype == torch.qint8:
+            packed = _dynamic_int8_rows(weight.float())
+        else:
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype), None)
+    except RuntimeError:  # e.g. bf16 without AVX-512 / AVX-NE-CONVERT
+        packed = None
+    refs = tuple(weakref.ref(w, lambda _, key=key: _forget(key)) for w in weights)
+    _packed[key] = (refs, state, packed)
+    return packed
 
 
 def _row_scales(weight: torch.Tensor) -> torch.Tensor:
@@ -138,6 +148,7 @@ def _dynamic_int8_rows(weight: torch.Tensor) -> torch.ScriptObject | None:
 
 
 _DYNAMIC_INT8 = hasattr(torch.ops.quantized, "linear_dynamic") and torch.backends.quantized.engine in ("x86", "fbgemm")
+_LINEAR_DYNAMIC = torch.ops.quantized.linear_dynamic.default if _DYNAMIC_INT8 else None
 
 
 def packed_copy(weight: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor | None:
@@ -188,19 +199,24 @@ def linear(
 def fused_linears(input: torch.Tensor, layers: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
     """`tuple(layer(input) for layer in layers)`, as one product over the layers' stacked weights where this thread's
     block routes them all in one dtype and the forward is one the packed kernel serves: one kernel call (and in
-    dynamic int8 one quantization of the input) instead of one per layer, e.g. a block's query, key and value
-    projections. Elsewhere (training, other threads) each layer runs its own forward."""
-    routed = [_routed.get(id(layer)) for layer in layers]
-    dtypes = {None if r is None else r[1] or layers[0].weight.dtype for r in routed}
-    biases = [layer.bias for layer in layers if layer.bias is not None]
-    if _thread.depth and None not in dtypes and len(dtypes) == 1 and len(biases) in (0, len(layers)):
-        compute = dtypes.pop()
-        if _one_row_in_its_dtype(input, compute, max(r[2] for r in routed)):
-            return tuple(layer(input) for layer in layers)
-        bias = torch.cat(biases) if biases else None
-        out = _packed_product(input, tuple(layer.weight for layer in layers), bias, compute)
-        if out is not None:
-            return out.split([layer.out_features for layer in layers], dim=-1)
+    dynamic int8 one quantization of the input) instead of one per layer, e.g. a decoder's query, key and value
+    projections (`FUSED_NAMES`). oneDNN computes each output column of the stacked product as it would alone, so the
+    results are those of the separate products. Forwards that keep `F.linear` (one row in the layers' dtype: see
+    `_one_row_in_its_dtype`) run it per layer; elsewhere (training, other threads) each layer runs its own forward."""
+    if _thread.depth:
+        routes = [_routed.get(id(layer)) for layer in layers]
+        if None not in routes:
+            computes = {route[1] or layer.weight.dtype for route, layer in zip(routes, layers, strict=True)}
+            compute = computes.pop() if len(computes) == 1 else None
+            if compute is not None and _one_row_in_its_dtype(input, compute, max(route[2] for route in routes)):
+                return tuple(F.linear(input, layer.weight, layer.bias) for layer in layers)
+            biases = [layer.bias for layer in layers if layer.bias is not None]
+            if compute is not None and len(biases) in (0, len(layers)):
+                bias = torch.cat(biases) if biases else None
+                max_rows = min(route[3] for route in routes)
+                out = _packed_product(input, tuple(layer.weight for layer in layers), bias, compute, max_rows)
+                if out is not None:
+                    return out.split([layer.out_features for layer in layers], dim=-1)
     return tuple(layer(input) for layer in layers)
 
 
@@ -214,22 +230,20 @@ def _packed_product(
     """`input` times `weights` stacked, from their packed copy in `compute`, or `None` where none serves (more than
     `max_rows` rows among them). Which row counts keep `F.linear` in their own dtype (`_one_row_in_its_dtype`) is the
     callers' rule."""
-    num_rows = input.numel() // input.shape[-1] if input.dim() >= 2 else 0
-    if not (
-        0 < num_rows <= max_rows
-        and all(input.dtype == w.dtype and _packable(w) for w in weights)
-        and compute in _COMPUTE_DTYPES
-        and not (torch.is_grad_enabled() and (input.requires_grad or any(w.requires_grad for w in weights)))
-    ):
+    if input.dim() < 2 or not 0 < input.numel() // input.shape[-1] <= max_rows or compute not in _COMPUTE_DTYPES:
+        return None
+    if torch.is_grad_enabled() and (input.requires_grad or any(w.requires_grad for w in weights)):
+        return None
+    if not all(w.dtype == input.dtype for w in weights):
         return None
     packed = _packed_weight(weights, compute)
     if packed is None:
         return None
     if compute == torch.qint8:  # fp32 in and out, any leading dimensions
         if input.dtype != torch.float32:
-            out = torch.ops.quantized.linear_dynamic(input.float(), packed, True).to(input.dtype)
+            out = _LINEAR_DYNAMIC(input.float(), packed, True).to(input.dtype)
         else:
-            out = torch.ops.quantized.linear_dynamic(input, packed, True)
+            out = _LINEAR_DYNAMIC(input, packed, True)
         return out if bias is None else out + bias
     if compute == torch.int8:
         quantized, scale = packed
@@ -268,6 +282,21 @@ def _packable_layers(models: tuple[nn.Module, ...]) -> list[nn.Linear]:
     return [m for m in layers.values() if _packable(m.weight)]
 
 
+def _product_groups(models: tuple[nn.Module, ...]) -> list[tuple[nn.Linear, ...]]:
+    """`models`' packable linear layers as the fast path runs them: siblings named in `FUSED_NAMES` as one product
+    (`fused_linears`), every other layer alone."""
+    layers = _packable_layers(models)
+    packable, grouped, groups = {id(m) for m in layers}, set(), []
+    for model in models:
+        for module in model.modules():
+            for names in FUSED_NAMES:
+                group = tuple(getattr(module, name, None) for name in names)
+                if all(id(m) in packable for m in group) and len({m.in_features for m in group}) == 1:
+                    groups.append(group)
+                    grouped.update(map(id, group))
+    return groups + [(m,) for m in layers if id(m) not in grouped]
+
+
 @contextlib.contextmanager
 def packed_linear_weights(
     *models: nn.Module, dtype: torch.dtype | None = None, blas_max_rows: int = 1, max_rows: int = MAX_PACKED_ROWS
@@ -302,29 +331,36 @@ def packed_linear_weights(
                     del layer.forward  # back to `nn.Linear.forward`
 
 
-def _packed_is_faster(layers: list[nn.Linear], rows: int, repeats: int, generator: torch.Generator) -> bool:
-    """Whether one pass over `layers` at `rows` random input rows (in their own dtype) runs faster on their packed
-    copies than on `F.linear`: the fastest of `repeats` passes each, interleaved (other processes only ever add time);
-    the packed copies made on the way are kept."""
-    dtype = layers[0].weight.dtype
-    inputs = {w: torch.randn(rows, w, generator=generator).to(dtype) for w in {layer.in_features for layer in layers}}
+def _packed_is_faster(
+    groups: list[tuple[nn.Linear, ...]], rows: int, repeats: int, generator: torch.Generator
+) -> bool:
+    """Whether one pass over `groups` (`_product_groups`) at `rows` random input rows (in their own dtype) runs faster
+    on their packed copies, a group as one product, than on `F.linear` per layer: the fastest of `repeats` passes
+    each, interleaved (other processes only ever add time); the packed copies made on the way are kept."""
+    dtype = groups[0][0].weight.dtype
+    widths = {group[0].in_features for group in groups}
+    inputs = {w: torch.randn(rows, w, generator=generator).to(dtype) for w in widths}
 
     def seconds(packed: bool) -> float:
         start = time.perf_counter()
-        for layer in layers:
-            x = inputs[layer.in_features]
+        for group in groups:
+            x = inputs[group[0].in_features]
             if packed:
-                _packed_product(x, (layer.weight,), layer.bias, dtype, max_rows=rows)
+                biases = [layer.bias for layer in group if layer.bias is not None]
+                bias = torch.cat(biases) if len(biases) == len(group) else None
+                _packed_product(x, tuple(layer.weight for layer in group), bias, dtype, max_rows=rows)
             else:
-                F.linear(x, layer.weight, layer.bias)
+                for layer in group:
+                    F.linear(x, layer.weight, layer.bias)
         return time.perf_counter() - start
 
     times = [(seconds(False), seconds(True)) for _ in range(repeats)]
     return min(t[1] for t in times) < min(t[0] for t in times)
 
 
-def _can_pack(layers: list[nn.Linear]) -> bool:
-    return bool(layers) and all(_packed_weight((layer.weight,), layer.weight.dtype) is not None for layer in layers)
+def _can_pack(groups: list[tuple[nn.Linear, ...]]) -> bool:
+    weights = [tuple(layer.weight for layer in group) for group in groups]
+    return bool(groups) and all(_packed_weight(w, w[0].dtype) is not None for w in weights)
 
 
 @torch.no_grad()
@@ -333,12 +369,12 @@ def measure_blas_max_rows(model: nn.Module, repeats: int = 3, max_rows: int = 16
     their packed copies on this machine, counting up from one row until the packed kernel is faster
     (`_packed_is_faster`): 0 where it is at one row already (a one-token step then runs packed too), 1 where it cannot
     pack them."""
-    layers = _packable_layers((model,))
-    if not _can_pack(layers):
+    groups = _product_groups((model,))
+    if not _can_pack(groups):
         return 1
     generator = torch.Generator().manual_seed(0)
     for rows in range(1, max_rows + 1):
-        if _packed_is_faster(layers, rows, repeats, generator):
+        if _packed_is_faster(groups, rows, repeats, generator):
             return rows - 1
     return max_rows
 
@@ -348,10 +384,10 @@ def measure_max_packed_rows(model: nn.Module, rows: int = PREFILL_PROBE_ROWS, re
     """The most rows `model`'s packed copies serve on this machine: any count (`UNLIMITED_ROWS`) where its packable
     layers run faster packed at `rows` rows (a prefill's chunk; `_packed_is_faster`), else `MAX_PACKED_ROWS`, where
     sgemm's packing is amortised."""
-    layers = _packable_layers((model,))
-    if not _can_pack(layers):
+    groups = _product_groups((model,))
+    if not _can_pack(groups):
         return MAX_PACKED_ROWS
-    faster = _packed_is_faster(layers, rows, repeats, torch.Generator().manual_seed(0))
+    faster = _packed_is_faster(groups, rows, repeats, torch.Generator().manual_seed(0))
     return UNLIMITED_ROWS if faster else MAX_PACKED_ROWS
 
 

@@ -24,6 +24,8 @@ from torch import nn
 from torch.nn.modules import module as nn_module
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from ..packed_linear import fused_linears
+
 # The decoder layers whose stock forward `lean_forward` reproduces (the same operations in transformers 5.24-5.25):
 # Llama's layer, and the ones that differ from it only in projection biases (Qwen2), a per-head RMS norm of queries
 # and keys (Qwen3) or sliding-window masks built outside the layer (Mistral, Qwen2, Qwen3).
@@ -123,12 +125,12 @@ def lean_forward(layer: nn.Module, rotary: RotaryFactors | None = None) -> Calla
         hidden_shape = (*input_shape, -1, head_dim)
 
         hidden = _rms_norm(hidden_states, input_norm)
-        query = q_proj.forward(hidden).view(hidden_shape)  # `.forward`: the packed route where one is installed
-        key = k_proj.forward(hidden).view(hidden_shape)
+        query, key, value = fused_linears(hidden, (q_proj, k_proj, v_proj))
+        query, key = query.view(hidden_shape), key.view(hidden_shape)
         if q_norm is not None:
             query, key = _rms_norm(query, q_norm), _rms_norm(key, k_norm)
         query, key = query.transpose(1, 2), key.transpose(1, 2)
-        value = v_proj.forward(hidden).view(hidden_shape).transpose(1, 2)
+        value = value.view(hidden_shape).transpose(1, 2)
         cos, signed_sin = rotary(kwargs["position_embeddings"])
         query, key = _rotate(query, cos, signed_sin), _rotate(key, cos, signed_sin)
         if cache is not None:
@@ -137,7 +139,8 @@ def lean_forward(layer: nn.Module, rotary: RotaryFactors | None = None) -> Calla
         hidden_states = hidden_states + o_proj.forward(out.reshape(*input_shape, -1).contiguous())
 
         hidden = _rms_norm(hidden_states, post_norm)
-        hidden = down_proj.forward(mlp.act_fn.forward(gate_proj.forward(hidden)) * up_proj.forward(hidden))
+        gate, up = fused_linears(hidden, (gate_proj, up_proj))
+        hidden = down_proj.forward(mlp.act_fn.forward(gate) * up)
         return hidden_states + hidden
 
     return forward
