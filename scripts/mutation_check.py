@@ -39,6 +39,7 @@ PLANNING = ("tests/test_planning.py", "tests/test_exactness.py")
 RELIABILITY = ("tests/test_reliability.py",)
 VERIFICATION = ("tests/test_verification.py",)
 PACKED = ("tests/test_packed_linear.py", "tests/test_packed_linear_rows.py")
+LEAN = ("tests/test_lean_layers.py",)
 NETWORK = ("tests/test_golden.py",)
 TRAINING = ("tests/test_training.py",)
 WARM_START = ("tests/test_warm_start.py",)
@@ -158,7 +159,7 @@ MUTATIONS = [
              "attention = grouped_verification_attention if _thread.depth else sdpa_attention_forward",
              "attention = grouped_verification_attention", RELIABILITY),
     Mutation("packed weights kept after the weight changes (a training step)", "packed_linear.py",
-             "if entry is None or entry[1] != ", "if entry is None or False and entry[1] != ", PACKED),
+             "if entry is not None and entry[1] == state and ", "if entry is not None and ", PACKED),
     Mutation("packed layers keep their routed forward after the block", "packed_linear.py",
              "del layer.forward  # back to `nn.Linear.forward`", "pass", PACKED),
     Mutation("the drafter's layers keep F.linear inside generate", "inference/generation.py",
@@ -242,8 +243,8 @@ MUTATIONS = [
     Mutation("the calibration's prefill kernel never reaches generate's fast path", "inference/calibration.py",
              '"max_packed_rows": self.max_packed_rows}', '"max_packed_rows": 64}', CALIBRATION),
     Mutation("a packed copy outlives its weight's storage (w.data = t)", "packed_linear.py",
-             "state = tuple((w.data_ptr(), w._version) for w in weights)",
-             "state = tuple((id(w), w._version) for w in weights)", PACKED),
+             "state = tuple([(w.data_ptr(), w._version) for w in weights])",
+             "state = tuple([(id(w), w._version) for w in weights])", PACKED),
     # The drafting EOS cut.
     Mutation("the drafting EOS cut reads draft-vocabulary columns, not target ids", "inference/drafting.py",
              "~torch.isin(token, eos_token_ids", "~torch.isin(choice, eos_token_ids", EOS_CUT),
@@ -342,6 +343,9 @@ MUTATIONS = [
     Mutation("a batched round priced as one row's verification", "inference/planning.py",
              "row_cost = 1.0 + costs.batch_verify_cost(len(planners), width, length) + drafter",
              "row_cost = 1.0 + costs.verify_cost(width, length) + drafter", PLANNING),
+    Mutation("the target's query/key/value projections run as three products", "inference/lean_layers.py",
+             "query, key, value = fused_linears(hidden, (q_proj, k_proj, v_proj))",
+             "query, key, value = (m.forward(hidden) for m in (q_proj, k_proj, v_proj))", LEAN),
     Mutation("fused projections split at the wrong widths", "packed_linear.py",
              "return out.split([layer.out_features for layer in layers], dim=-1)",
              "return out.split([layer.out_features for layer in reversed(layers)], dim=-1)",

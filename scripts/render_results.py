@@ -180,6 +180,8 @@ def report_table(path: Path) -> str:
         return teacher_forced_tau_table(report)
     if kind == "verify_roofline":
         return verify_roofline_table(report)
+    if kind == "fused_projections_ab":
+        return fused_projections_table(report)
     raise SystemExit(f"{path}: no table for a report of kind {kind!r} (its 'benchmark' field).")
 
 
@@ -327,6 +329,21 @@ def verify_roofline_table(report: dict[str, Any]) -> str:
             f"{machine.get('torch_threads', '?')} threads, torch {machine.get('torch', '?')}.")  # fmt: skip
     header = ["prefix", "k", "forward ms", "linear: ms / floor", "attention: ms / floor", "rest ms",
               "forward / floors"]  # fmt: skip
+    return _table(header, rows, note)
+
+
+def fused_projections_table(report: dict[str, Any]) -> str:
+    """The table `scripts/fused_projections_ab.py --json` prints: fast-path forwards with one packed product per
+    projection against one per set of projections that read the same input."""
+    machine = report.get("machine", {})
+    rows = [[f"{row['prefix']:,}", str(row["k"]), f"{row['separate_ms']:.1f}", f"{row['fused_ms']:.1f}",
+             f"{row['fused_ms'] / row['separate_ms']:.2f}x", "yes" if row["identical"] else "NO"]
+            for row in report["rows"]]  # fmt: skip
+    note = (f"Median of {report['repeats']} forwards each, the two interleaved; "
+            f"{machine.get('cpu', 'an unknown CPU')}, {machine.get('torch_threads', '?')} threads, "
+            f"torch {machine.get('torch', '?')}.")  # fmt: skip
+    header = ["prefix", "k", "one product per projection (ms)", "q/k/v and gate/up fused (ms)", "fused / separate",
+              "logits identical"]  # fmt: skip
     return _table(header, rows, note)
 
 

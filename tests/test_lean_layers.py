@@ -7,6 +7,7 @@ import torch
 from test_verification import build_target
 from transformers import DynamicCache
 
+from transformers_longspark import packed_linear
 from transformers_longspark.inference import lean_layers
 from transformers_longspark.inference.verification import fast_verification
 from transformers_longspark.targets import HiddenStateCapture
@@ -41,6 +42,28 @@ def test_lean_layers_give_the_stock_layers_logits_bit_for_bit(kind, left_padding
     for i, (a, b) in enumerate(zip(stock, lean)):
         assert torch.equal(a, b), f"forward {i}: max difference {(a - b).abs().max().item():.3g}"
     assert not any("forward" in vars(layer) for layer in layers)  # restored after the block
+
+
+def test_projections_that_read_one_input_run_as_one_packed_product(monkeypatch):
+    """Query/key/value, and gate/up, read the same input: on the fast path each set is one product over the stacked
+    weights (one kernel call instead of three and two, `packed_linear.fused_linears`); the output and down projections
+    run alone. (The test above holds them to the stock layers' separate products, bit for bit.)"""
+    target = build_target("qwen3", 12, 4)
+    products, original = [], packed_linear._packed_product
+
+    def spy(input, weights, *args, **kwargs):
+        products.append(tuple(map(id, weights)))
+        return original(input, weights, *args, **kwargs)
+
+    monkeypatch.setattr(packed_linear, "_packed_product", spy)
+    ids = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(2))
+    decode_logits(target, ids, torch.ones_like(ids), 8, [4], lean=True)
+    for layer in target.model.layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        assert products.count(tuple(id(m.weight) for m in (attention.q_proj, attention.k_proj, attention.v_proj))) == 2
+        assert products.count((id(mlp.gate_proj.weight), id(mlp.up_proj.weight))) == 2
+        assert products.count((id(attention.o_proj.weight),)) == products.count((id(mlp.down_proj.weight),)) == 2
+        assert (id(attention.q_proj.weight),) not in products and (id(mlp.up_proj.weight),) not in products
 
 
 def test_lean_layers_run_and_keep_the_layers_own_hooks():

@@ -72,7 +72,7 @@ from .verification import fast_verification, reserve_cache_rows
 
 logger = logging.getLogger("transformers_longspark")
 
-CALIBRATION_VERSION = 9  # 9: every cost a median of ratios to the step of the same repeat; forwards at 4K
+CALIBRATION_VERSION = 10  # 10: forwards with fused projections (cheaper at 2+ rows); 9: paired medians, forwards at 4K
 SHORT_PREFIX = 128
 LONG_PREFIX = 4096
 VERIFY_TOKENS = (1, 2, 3, 4, 5, 7, 10)
