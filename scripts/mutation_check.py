@@ -159,7 +159,7 @@ MUTATIONS = [
              "attention = grouped_verification_attention if _thread.depth else sdpa_attention_forward",
              "attention = grouped_verification_attention", RELIABILITY),
     Mutation("packed weights kept after the weight changes (a training step)", "packed_linear.py",
-             "if entry is not None and entry[1] == state and ", "if entry is not None and ", PACKED),
+             "if entry is not None and entry[1] == state:", "if entry is not None:", PACKED),
     Mutation("packed layers keep their routed forward after the block", "packed_linear.py",
              "del layer.forward  # back to `nn.Linear.forward`", "pass", PACKED),
     Mutation("the drafter's layers keep F.linear inside generate", "inference/generation.py",

@@ -99,12 +99,11 @@ def _packed_weight(weights: _Weights, dtype: torch.dtype) -> object:
     `torch._weight_int8pack_mm` (input widths that are multiples of 16 only); for `torch.qint8`: fbgemm's prepacked
     int8 rows.
 
-    Runs for every packed product (~200 per verification forward of SmolLM2), so the lookup of a current copy is a
-    dict access and a comparison of each weight's storage and version, no more."""
-    key = (tuple([id(w) for w in weights]), dtype)
+    Runs for every packed product (~150 per verification forward of SmolLM2), so finding a current copy takes a dict
+    access and a comparison of each weight's storage and version, no more."""
     state = tuple([(w.data_ptr(), w._version) for w in weights])
-    entry = _packed.get(key)
-    if entry is not None and entry[1] == state and all(ref() is w for ref, w in zip(entry[0], weights)):
+    entry = _entry(weights, dtype)
+    if entry is not None and entry[1] == state:
         return entry[2]
     if not all(_packable(w) for w in weights):
         return None
@@ -118,6 +117,7 @@ def _packed_weight(weights: _Weights, dtype: torch.dtype) -> object:
             packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype), None)
     except RuntimeError:  # e.g. bf16 without AVX-512 / AVX-NE-CONVERT
         packed = None
+    key = (tuple(map(id, weights)), dtype)
     refs = tuple(weakref.ref(w, lambda _, key=key: _forget(key)) for w in weights)
     _packed[key] = (refs, state, packed)
     return packed
@@ -200,9 +200,10 @@ def fused_linears(input: torch.Tensor, layers: tuple[nn.Linear, ...]) -> tuple[t
     """`tuple(layer(input) for layer in layers)`, as one product over the layers' stacked weights where this thread's
     block routes them all in one dtype and the forward is one the packed kernel serves: one kernel call (and in
     dynamic int8 one quantization of the input) instead of one per layer, e.g. a decoder's query, key and value
-    projections (`FUSED_NAMES`). oneDNN computes each output column of the stacked product as it would alone, so the
-    results are those of the separate products. Forwards that keep `F.linear` (one row in the layers' dtype: see
-    `_one_row_in_its_dtype`) run it per layer; elsewhere (training, other threads) each layer runs its own forward."""
+    projections (`FUSED_NAMES`). oneDNN computes each output column of the stacked product as it computes it alone,
+    so the results are the separate products' (bit for bit where tested: `tests/test_lean_layers.py`). Forwards that
+    keep `F.linear` (one row in the layers' dtype: `_one_row_in_its_dtype`) run it per layer; elsewhere (training,
+    other threads) each layer runs its own forward."""
     if _thread.depth:
         routes = [_routed.get(id(layer)) for layer in layers]
         if None not in routes:
@@ -366,7 +367,8 @@ def _can_pack(groups: list[tuple[nn.Linear, ...]]) -> bool:
 @torch.no_grad()
 def measure_blas_max_rows(model: nn.Module, repeats: int = 3, max_rows: int = 16) -> int:
     """The most rows up to which `F.linear` runs `model`'s packable linear layers (in their own dtype) faster than
-    their packed copies on this machine, counting up from one row until the packed kernel is faster
+    their packed copies on this machine, each group of `_product_groups` timed as the one product the fast path runs
+    it as, counting up from one row until the packed kernel is faster
     (`_packed_is_faster`): 0 where it is at one row already (a one-token step then runs packed too), 1 where it cannot
     pack them."""
     groups = _product_groups((model,))
