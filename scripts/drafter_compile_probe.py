@@ -95,11 +95,8 @@ def main() -> None:
         with packed_drafter_weights(drafter):
             print(f"eager, packed ({drafter.linear_dtype}, as shipped): {median_ms(call(drafter)):.2f} ms")
     reference = drafter(block_ids, context).base_logits.detach()
-    for name, freezing, dtype in (("fp32", False, torch.float32), ("fp32, frozen", True, torch.float32),
-                                  ("bf16, frozen", True, torch.bfloat16)):  # fmt: skip
-        torch._dynamo.reset()
-        inductor_config.freezing = freezing
-        model = drafter.to(dtype)
+
+    def compile_and_time(name: str, model: LongSparkDrafterModel) -> None:
         compiled = torch.compile(model.forward, dynamic=False)
         with torch.no_grad():
             start = time.perf_counter()
@@ -108,20 +105,19 @@ def main() -> None:
             same = (logits.argmax(-1) == reference.argmax(-1)).float().mean().item()
             print(f"compiled, {name}: {median_ms(call(compiled)):.2f} ms "
                   f"(compile {seconds:.0f} s, same greedy drafts {same:.0%})")  # fmt: skip
+
+    for name, freezing, dtype in (("fp32", False, torch.float32), ("fp32, frozen", True, torch.float32),
+                                  ("bf16, frozen", True, torch.bfloat16)):  # fmt: skip
+        torch._dynamo.reset()
+        inductor_config.freezing = freezing
+        compile_and_time(name, drafter.to(dtype))
         drafter.to(torch.float32)
     torch._dynamo.reset()
     inductor_config.freezing = False
     int8_products_as_operators(drafter)
     with torch.no_grad():
         print(f"eager, int8 products as operators: {median_ms(call(drafter)):.2f} ms")
-        compiled = torch.compile(drafter.forward, dynamic=False)
-        start = time.perf_counter()
-        logits = compiled(block_ids, context).base_logits
-        seconds = time.perf_counter() - start
-        same = (logits.argmax(-1) == reference.argmax(-1)).float().mean().item()
-        print(f"compiled, int8 products as operators: {median_ms(call(compiled)):.2f} ms "
-              f"(compile {seconds:.0f} s, same greedy drafts {same:.0%})")  # fmt: skip
-
+    compile_and_time("int8 products as operators", drafter)
 
 if __name__ == "__main__":
     main()
