@@ -204,21 +204,30 @@ def fused_linears(input: torch.Tensor, layers: tuple[nn.Linear, ...]) -> tuple[t
     so the results are the separate products' (bit for bit where tested: `tests/test_lean_layers.py`). Forwards that
     keep `F.linear` (one row in the layers' dtype: `_one_row_in_its_dtype`) run it per layer; elsewhere (training,
     other threads) each layer runs its own forward."""
-    if _thread.depth:
-        routes = [_routed.get(id(layer)) for layer in layers]
-        if None not in routes:
-            computes = {route[1] or layer.weight.dtype for route, layer in zip(routes, layers, strict=True)}
-            compute = computes.pop() if len(computes) == 1 else None
-            if compute is not None and _one_row_in_its_dtype(input, compute, max(route[2] for route in routes)):
-                return tuple(F.linear(input, layer.weight, layer.bias) for layer in layers)
-            biases = [layer.bias for layer in layers if layer.bias is not None]
-            if compute is not None and len(biases) in (0, len(layers)):
-                bias = torch.cat(biases) if biases else None
-                max_rows = min(route[3] for route in routes)
-                out = _packed_product(input, tuple(layer.weight for layer in layers), bias, compute, max_rows)
-                if out is not None:
-                    return out.split([layer.out_features for layer in layers], dim=-1)
+    route = _shared_route(layers) if _thread.depth else None
+    if route is not None:
+        compute, blas_max_rows, max_rows = route
+        if _one_row_in_its_dtype(input, compute, blas_max_rows):
+            return tuple(F.linear(input, layer.weight, layer.bias) for layer in layers)
+        biases = [layer.bias for layer in layers if layer.bias is not None]
+        if len(biases) in (0, len(layers)):
+            bias = torch.cat(biases) if biases else None
+            out = _packed_product(input, tuple(layer.weight for layer in layers), bias, compute, max_rows)
+            if out is not None:
+                return out.split([layer.out_features for layer in layers], dim=-1)
     return tuple(layer(input) for layer in layers)
+
+
+def _shared_route(layers: tuple[nn.Linear, ...]) -> tuple[torch.dtype, int, int] | None:
+    """`(compute dtype, blas_max_rows, max_rows)` of `layers` when this thread's blocks route them all in one compute
+    dtype (the row limits that serve every one of them), else `None`."""
+    routes = [_routed.get(id(layer)) for layer in layers]
+    if None in routes:
+        return None
+    computes = {route[1] or layer.weight.dtype for route, layer in zip(routes, layers, strict=True)}
+    if len(computes) != 1:
+        return None
+    return computes.pop(), max(route[2] for route in routes), min(route[3] for route in routes)
 
 
 def _packed_product(
