@@ -64,8 +64,8 @@ class _ThreadState(threading.local):
 
 
 _thread = _ThreadState()
-# id(layer) -> (open blocks routing it, compute dtype, the most rows kept on `F.linear`)
-_routed: dict[int, tuple[int, torch.dtype | None, int]] = {}
+# id(layer) -> (open blocks routing it, compute dtype, the most rows kept on `F.linear`, the most rows run packed)
+_routed: dict[int, tuple[int, torch.dtype | None, int, int]] = {}
 _lock = threading.Lock()
 _ONEDNN = torch.backends.mkldnn.is_available()
 # Looked up once (`torch.ops` resolves names on every access), and only where oneDNN is built in (elsewhere the op
