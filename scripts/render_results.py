@@ -17,6 +17,7 @@ rendered from that one report (`bench tau`, with or without `--by-length`, the l
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import re
 import sys
@@ -182,6 +183,11 @@ def report_table(path: Path) -> str:
         return verify_roofline_table(report)
     if kind == "fused_projections_ab":
         return fused_projections_table(report)
+    if kind == "planner_replay":
+        spec = importlib.util.spec_from_file_location("planner_replay", ROOT / "scripts" / "planner_replay.py")
+        module = sys.modules.setdefault("planner_replay", importlib.util.module_from_spec(spec))
+        spec.loader.exec_module(module)
+        return module.format_table(report)
     raise SystemExit(f"{path}: no table for a report of kind {kind!r} (its 'benchmark' field).")
 
 

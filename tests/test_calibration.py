@@ -259,6 +259,7 @@ def test_without_calibrate_costs_the_drafters_own_cost_fields_apply(cache_dir, m
         ("step_doubling_length", "lots"),
         ("calibrate_costs", "yes"),
         ("use_drafter", 1),
+        ("lookup_first", "no"),
     ],
 )
 def test_invalid_knobs_are_refused_before_any_forward(field, value):

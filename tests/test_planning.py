@@ -23,12 +23,32 @@ def first_round_sets_the_rate(monkeypatch):
     monkeypatch.setattr(planning, "PRIOR_ROUNDS", 0)
 
 
-def test_untried_sources_are_tried_first():
-    planner = RoundPlanner(CPU)
+@pytest.mark.parametrize("lookup_first", [True, False])
+def test_untried_sources_are_tried_first(lookup_first):
+    """An untried source is worth the most. With `lookup_first`, the untried drafter waits for the first round without
+    a paying continuation."""
+    planner = RoundPlanner(CPU, lookup_first=lookup_first)
     assert planner.choose([1, 2, 3], can_draft=True) is Source.LOOKUP
     planner.record(Source.LOOKUP, proposed=3, accepted=3)
-    assert planner.choose([1, 2, 3], can_draft=True) is Source.DRAFTER  # the drafter is still untried
+    expected = Source.LOOKUP if lookup_first else Source.DRAFTER  # the drafter is still untried
+    assert planner.choose([1, 2, 3], can_draft=True) is expected
+    assert planner.choose([], can_draft=True) is Source.DRAFTER
     assert planner.choose([], can_draft=False) is Source.NONE  # nothing to propose
+
+
+def test_a_paying_continuation_comes_before_the_drafter(first_round_sets_the_rate):
+    """With `lookup_first` (the default), a continuation worth more than a plain step is taken even where the
+    drafter's running value is higher; one worth less leaves the round to the drafter and plain steps, as before."""
+    planner = RoundPlanner(CPU)
+    planner.record(Source.LOOKUP, proposed=4, accepted=1)  # rate 1/2: 2 tokens, (1 + 0.75) / (1 + 0.3) = 1.35
+    planner.record(Source.DRAFTER, proposed=7, accepted=7)  # rate 1: 7 of 7, (1 + 7) / (1 + 1.05 + 0.4) = 3.3
+    competing = RoundPlanner(CPU, lookup_first=False, records=planner.records)
+    assert competing.choose([7] * 4, can_draft=True) is Source.DRAFTER
+    assert planner.choose([7] * 4, can_draft=True) is Source.LOOKUP and planner.draft_length == 0
+    assert planner.records[Source.DRAFTER].passed_over == 0  # not weighed, so not passed over: no probe is due
+    planner.records[Source.LOOKUP] = SourceRecord(accepted=0.0, proposed=4.0, rejected=1.0, rounds=2)  # rate 0
+    planner.match_records.clear()
+    assert planner.choose([7] * 4, can_draft=True) is Source.DRAFTER and planner.draft_length == 7
 
 
 def test_the_source_worth_more_tokens_per_step_wins(first_round_sets_the_rate):

@@ -43,6 +43,8 @@ class DraftSettings:
         lookup_num_tokens: the most tokens of a lookup continuation.
         lookup_choose_length: propose the prefix of a continuation that the request's past lookup rounds make worth
             most (`RoundPlanner.lookup_length`); False: the whole continuation, every time.
+        lookup_first: a continuation worth more than a plain step is taken without weighing the drafter
+            (`RoundPlanner.choose`); False: the two compete on their estimated tokens per step.
         use_drafter: the drafter's blocks are a source (False: the lookup source and plain steps only).
         costs: the cost model of the source choice (`planning.py`), in plain decoding steps of the target (all 0:
             every round proposes, as on a GPU): the drafter's `generation_config` fields, or a calibration of this
@@ -61,6 +63,7 @@ class DraftSettings:
     lookup_min_match: int = 0
     lookup_num_tokens: int = 0
     lookup_choose_length: bool = True
+    lookup_first: bool = True
     use_drafter: bool = True
     costs: RoundCosts = field(default_factory=RoundCosts)
     eos_token_ids: torch.Tensor | None = None
@@ -84,6 +87,7 @@ class DraftSettings:
             lookup_min_match=min_match,
             lookup_num_tokens=(knobs.lookup_num_tokens or block_size) if min_match else 0,
             lookup_choose_length=knobs.lookup_choose_length,
+            lookup_first=knobs.lookup_first,
             use_drafter=knobs.use_drafter,
             costs=knobs.costs if costs is None else costs,
             **call,
@@ -122,7 +126,11 @@ class DraftSettings:
         if self.lookup_min_match:
             lookup = SuffixIndex(self.lookup_min_match, max(self.lookup_min_match, LOOKUP_MAX_NGRAM), offset)
         return RoundPlanner(
-            self.costs, lookup, choose_lookup_length=self.lookup_choose_length, block_size=self.block_size
+            self.costs,
+            lookup,
+            choose_lookup_length=self.lookup_choose_length,
+            lookup_first=self.lookup_first,
+            block_size=self.block_size,
         )
 
 

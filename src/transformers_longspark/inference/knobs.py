@@ -28,6 +28,8 @@ class DraftingKnobs:
         lookup_min_match: shortest matched suffix that makes the lookup source propose (0: lookup off).
         lookup_num_tokens: the most tokens of a lookup continuation (unset: the block size).
         lookup_choose_length: propose the prefix of a continuation worth most, not all of it.
+        lookup_first: a lookup continuation worth more than a plain step is proposed without weighing the drafter
+            (False: the two compete on their estimated tokens per step).
         use_drafter: the drafter's blocks are a source (False: lookup and plain steps only).
         calibrate_costs: the cost model comes from a calibration of this machine and target
             (`calibration.py`, measured at the first `generate` and cached), not from the four cost fields; a cost
@@ -41,6 +43,7 @@ class DraftingKnobs:
     lookup_min_match: int = 0
     lookup_num_tokens: int | None = None
     lookup_choose_length: bool = True
+    lookup_first: bool = True
     use_drafter: bool = True
     calibrate_costs: bool = False
     draft_round_cost: float = 0.0
@@ -57,7 +60,7 @@ class DraftingKnobs:
         _check_integer("step_doubling_length", self.step_doubling_length, low=0)
         if self.lookup_num_tokens is not None:
             _check_integer("lookup_num_tokens", self.lookup_num_tokens, low=1)
-        for name in ("lookup_choose_length", "use_drafter", "calibrate_costs"):
+        for name in ("lookup_choose_length", "lookup_first", "use_drafter", "calibrate_costs"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{_where(name)} must be true or false, got {getattr(self, name)!r}.")
 

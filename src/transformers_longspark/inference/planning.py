@@ -25,9 +25,10 @@ better (held-out code, greedy: the first copied token is right in 64% of the rou
 tokens, 70% with 3 or more; `scripts/lookup_bound.py`), so each matched length keeps its own rate too, mixed with the
 source's pooled one (`match_rate`).
 
-A source passed over is probed again after 4, 8, 16 and then every 32 rounds, so that its means follow the text (a
-drafter that stops paying in prose may pay again in code). With all costs 0 (a GPU, where a verified token is
-almost free) a round never proposes nothing.
+A lookup continuation worth more than a plain step is taken without weighing the drafter (`lookup_first`): the
+drafter competes with plain steps in the rounds without one. A source passed over is probed again after 4, 8, 16 and
+then every 32 rounds, so that its means follow the text (a drafter that stops paying in prose may pay again in code).
+With all costs 0 (a GPU, where a verified token is almost free) a round never proposes nothing.
 
 The choice reads the request's committed tokens and past verifications only, never this round's draws, so the law
 handed to the verifier stays exact, and a seeded run repeats itself.
@@ -232,12 +233,15 @@ class RoundPlanner:
         costs: the cost model.
         lookup: the request's `SuffixIndex`, or `None` with the lookup source off.
         choose_lookup_length: propose the best prefix of a lookup continuation (`lookup_length`), else all of it.
+        lookup_first: a lookup continuation worth more than a plain step is taken without weighing the drafter
+            (`choose`); False: the two compete on their estimated tokens per step.
         block_size: the most tokens of a drafter block (the drafter's `B`, as `DraftSettings.new_planner` passes it).
     """
 
     costs: RoundCosts
     lookup: SuffixIndex | None = None
     choose_lookup_length: bool = True
+    lookup_first: bool = True
     block_size: int = 7
     records: dict[Source, SourceRecord] = field(default_factory=lambda: {s: SourceRecord() for s in Source})
     # The lookup rounds by the length of their matched suffix, and the matched length of this round's continuation.
@@ -283,11 +287,16 @@ class RoundPlanner:
         """This round's source, among the lookup continuation (when `continuation` is non-empty: the tokens after a
         `matched`-token suffix, worth its best length, `lookup_length`), the drafter (when `can_draft`: a block of at
         most `room` tokens, default `block_size`, worth its best length, `draft_length`) and no proposal, for a
-        request of `length` tokens. Ties go to the first of that order."""
+        request of `length` tokens. Ties go to the first of that order. With `lookup_first`, a continuation worth at
+        least a plain step is taken without weighing the drafter."""
         values = {}
         if continuation:
             values[Source.LOOKUP] = self.lookup_plan(len(continuation), matched, length)[0]
-        if can_draft:
+        # A continuation is evidence about this round, the drafter's value a running mean over its past rounds: valued
+        # against each other, the drafter won rounds that the continuation would have yielded more in (replayed on
+        # held-out answers: docs/how-it-works.md, "Which source first").
+        lookup_pays = self.lookup_first and values.get(Source.LOOKUP, 0.0) >= 1.0
+        if can_draft and not lookup_pays:
             block = self.block_size if room is None else min(room, self.block_size)
             values[Source.DRAFTER], self.draft_length = self.costs.drafter_value(self.drafter_rate(), block, length)
         options = list(values)
