@@ -35,7 +35,6 @@ from transformers_longspark.inference.lookup import SuffixIndex
 from transformers_longspark.inference.planning import RoundCosts, RoundPlanner, Source
 from transformers_longspark.loading import load_drafter, load_target
 from transformers_longspark.training.data import Sequence, load_sequences
-from transformers_longspark.training.distillation import teacher_forced_batch
 
 SETTINGS = {
     "lookup_alone": "lookup alone (drafter priced out)",
@@ -58,17 +57,10 @@ class Record:
     confidence: torch.Tensor
 
 
-@torch.no_grad()
 def collect(target, drafter, sequence: Sequence) -> Record:
-    anchors = torch.arange(sequence.anchor_start, len(sequence.ids) - 1)
-    size = (len(sequence.ids), drafter.config.block_size)
-    hits, confidence = torch.zeros(size, dtype=torch.bool), torch.zeros(size)
-    for part in anchors.split(64):
-        batch = teacher_forced_batch(target, drafter, sequence, part)
-        logits = drafter(batch.block_ids, batch.context, batch.previous_ids).logits
-        hits[part] = (logits.argmax(-1) == batch.labels) & batch.valid
-        confidence[part] = logits.softmax(-1).amax(-1)
-    return Record(sequence.ids.tolist(), sequence.anchor_start, hits, confidence)
+    from teacher_forced_tau import block_hits  # scripts/ (imported here: `render_results.py` loads this file too)
+
+    return Record(sequence.ids.tolist(), sequence.anchor_start, *block_hits(target, drafter, sequence))
 
 
 def long_code_sequences(target, tokenizer, num_files: int, new_tokens: int) -> list[Sequence]:
@@ -147,7 +139,9 @@ def replay(record: Record, setting: str, costs: RoundCosts, knobs: DraftingKnobs
             planner.record(source, k, accepted)
         cost += 1 + (costs.verify_cost(k, length) if k else 0.0)
         cost += costs.drafter_cost(length) if source is Source.DRAFTER else 0.0
-        tokens, rounds[source.value], t = tokens + 1 + accepted, rounds[source.value] + 1, t + 1 + accepted
+        tokens += 1 + accepted
+        rounds[source.value] += 1
+        t += 1 + accepted
     return tokens, cost, rounds
 
 

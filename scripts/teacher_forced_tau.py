@@ -35,16 +35,23 @@ ANCHORS_PER_FORWARD = 128  # bounds the memory of one drafter forward (each anch
 
 
 @torch.no_grad()
-def accepted_lengths(target, drafter, sequence: Sequence) -> torch.Tensor:
-    """`(T,)` whole-block accepted drafts at each anchor `t` of the response (0 elsewhere)."""
+def block_hits(target, drafter, sequence: Sequence) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(T, B)` whether draft slot `i` of the block at anchor `t` is the greedy token, and `(T, B)` the largest
+    probability of its law (its confidence), at each anchor of the response (False / 0 elsewhere)."""
     anchors = torch.arange(sequence.anchor_start, len(sequence.ids) - 1)
-    accepted = torch.zeros(len(sequence.ids), dtype=torch.long)
+    size = (len(sequence.ids), drafter.config.block_size)
+    hits, confidence = torch.zeros(size, dtype=torch.bool), torch.zeros(size)
     for part in anchors.split(ANCHORS_PER_FORWARD):
         batch = teacher_forced_batch(target, drafter, sequence, part)
         logits = drafter(batch.block_ids, batch.context, batch.previous_ids).logits
-        hits = (logits.argmax(-1) == batch.labels) & batch.valid
-        accepted[part] = hits.long().cumprod(dim=1).sum(dim=1)
-    return accepted
+        hits[part] = (logits.argmax(-1) == batch.labels) & batch.valid
+        confidence[part] = logits.softmax(-1).amax(-1)
+    return hits, confidence
+
+
+def accepted_lengths(target, drafter, sequence: Sequence) -> torch.Tensor:
+    """`(T,)` whole-block accepted drafts at each anchor `t` of the response (0 elsewhere)."""
+    return block_hits(target, drafter, sequence)[0].long().cumprod(dim=1).sum(dim=1)
 
 
 def chained_rounds(sequence: Sequence, accepted: torch.Tensor) -> list[int]:
