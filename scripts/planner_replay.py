@@ -9,19 +9,21 @@ One target pass and one drafter forward per record give every anchor's; the repl
 `RoundPlanner` round by round, pricing each round with the cost model (`RoundCosts`). Every round of every record
 counts, so settings that differ by a few percent are told apart where a timed run of a few prompts is not. The
 hindsight bounds take, each round, the source and length that the answer shows to be worth most: with lookup alone,
-and with both sources (what a perfect choice could get from the drafter as it is).
+and with both sources (what a perfect choice could get from the drafter as it is). `--lookup-num-tokens` replays each
+cap on a lookup continuation's length in turn (default: the drafter's `lookup_num_tokens`).
 
     python scripts/planner_replay.py --num-threads 2 --records code=data/smollm2-code-greedy/held_out \
         --records chats=data/smollm2-greedy/held_out --limit 60 --long-files 8 --long-new-tokens 128 \
-        --json results/planner_replay.json
+        --lookup-num-tokens 10 16 --json results/planner_replay.json
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -146,8 +148,8 @@ def replay(record: Record, setting: str, costs: RoundCosts, knobs: DraftingKnobs
 
 
 def format_table(report: dict) -> str:
-    """One row per data set and costs: tokens per target step of each setting, and the drafter's share."""
-    header = ["records", "costs", *(SETTINGS[s] for s in SETTINGS), "lookup first / competing",
+    """One row per data set, costs and lookup cap: tokens per target step of each setting, and the drafter's share."""
+    header = ["records", "costs", "lookup tokens", *(SETTINGS[s] for s in SETTINGS), "lookup first / competing",
               "lookup first / lookup alone", "hindsight: both / lookup"]  # fmt: skip
     lines = [f"| {' | '.join(header)} |", "|" + "|".join(["---"] * 2 + ["---:"] * (len(header) - 2)) + "|"]
     for row in report["rows"]:
@@ -156,6 +158,7 @@ def format_table(report: dict) -> str:
         ratios = [value["lookup_first"] / value["competing"], value["lookup_first"] / value["lookup_alone"],
                   value["hindsight_both"] / value["hindsight_lookup"]]  # fmt: skip
         lines.append(f"| {row['records']} ({row['num_records']}, {row['answer_tokens']:,} tokens) | {row['costs']} | "
+                     f"{row['lookup_num_tokens']} | "
                      + " | ".join(cells + [f"{r:.3f}x" for r in ratios]) + " |")  # fmt: skip
     machine = report.get("machine", {})
     note = (f"Greedy decoding replayed on the target's greedy answers: tokens per target step (tau in brackets) of "
@@ -174,6 +177,7 @@ def main() -> None:
     parser.add_argument("--long-new-tokens", type=int, default=128)
     parser.add_argument("--drafter", default="src/transformers_longspark/drafters/longspark-smollm2-135m-instruct")
     parser.add_argument("--num-threads", type=int, default=2)
+    parser.add_argument("--lookup-num-tokens", type=int, nargs="+", help="caps on a lookup continuation to replay")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.num_threads)
@@ -182,6 +186,7 @@ def main() -> None:
     drafter.bind_target(target)
     calibration = calibrated(target, drafter)
     knobs = DraftingKnobs.from_generation_config(drafter.generation_config)
+    caps = args.lookup_num_tokens or [knobs.lookup_num_tokens]
     sets = {name: load_sequences(path, 4096)[: args.limit] for name, path in (s.split("=", 1) for s in args.records)}
     if args.long_files:
         sets["long code 4K"] = long_code_sequences(target, tokenizer, args.long_files, args.long_new_tokens)
@@ -190,18 +195,19 @@ def main() -> None:
               "machine": machine_info()}  # fmt: skip
     for name, sequences in sets.items():
         records = [collect(target, drafter, sequence) for sequence in sequences]
-        for label, costs in (("calibrated", calibration.costs), ("zero", RoundCosts())):
-            row = {"records": name, "num_records": len(records), "costs": label, "settings": {},
-                   "answer_tokens": sum(len(r.ids) - r.start for r in records)}  # fmt: skip
+        for (label, costs), cap in itertools.product((("calibrated", calibration.costs), ("zero", RoundCosts())), caps):
+            row = {"records": name, "num_records": len(records), "costs": label, "lookup_num_tokens": cap,
+                   "settings": {}, "answer_tokens": sum(len(r.ids) - r.start for r in records)}  # fmt: skip
+            capped = replace(knobs, lookup_num_tokens=cap)
             for setting in SETTINGS:
                 tokens, cost, rounds = 0.0, 0.0, Counter()
                 for record in records:
-                    t, c, r = replay(record, setting, costs, knobs)
+                    t, c, r = replay(record, setting, costs, capped)
                     tokens, cost, rounds = tokens + t, cost + c, rounds + r
                 row["settings"][setting] = {"tokens_per_step": tokens / cost, "tau": tokens / sum(rounds.values()),
                                             "rounds": dict(rounds)}  # fmt: skip
             report["rows"].append(row)
-            print(name, label, {s: round(v["tokens_per_step"], 3) for s, v in row["settings"].items()}, flush=True)
+            print(name, label, cap, {s: round(v["tokens_per_step"], 3) for s, v in row["settings"].items()}, flush=True)
     print(format_table(report))
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
