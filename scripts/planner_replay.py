@@ -31,7 +31,7 @@ import torch
 from transformers_longspark.benchmarks.common import machine_info
 from transformers_longspark.benchmarks.prompts import long_context_prompts
 from transformers_longspark.inference.calibration import calibrated
-from transformers_longspark.inference.drafting import LOOKUP_MAX_NGRAM
+from transformers_longspark.inference.drafting import LOOKUP_MAX_NGRAM, block_continues
 from transformers_longspark.inference.knobs import DraftingKnobs
 from transformers_longspark.inference.lookup import SuffixIndex
 from transformers_longspark.inference.planning import RoundCosts, RoundPlanner, Source
@@ -79,12 +79,18 @@ def block_length(confidence: torch.Tensor, cap: int, knobs: DraftingKnobs) -> in
     """Drafts proposed of a block capped at `cap`, ended by the confidence cuts (greedy: a drawn token's probability
     is its law's confidence)."""
     proposed, block = 0, 1.0
+    thresholds = knobs.assistant_confidence_threshold, knobs.block_confidence_threshold
     for i in range(cap):
         value = float(confidence[i])
-        if i > 0 and (value < knobs.assistant_confidence_threshold or block * value < knobs.block_confidence_threshold):
+        if i > 0 and not block_continues(value, block, *thresholds):
             break
         block, proposed = block * value, proposed + 1
     return proposed
+
+
+def drafts_kept(record: Record, t: int, proposed: int) -> int:
+    """The leading hits among the first `proposed` drafts of the block at anchor `t`."""
+    return int(record.hits[t, :proposed].long().cumprod(0).sum())
 
 
 def kept(proposal: list[int], answer: list[int]) -> int:
@@ -104,7 +110,7 @@ def hindsight(record: Record, t: int, continuation: list[int], room: int, both: 
         best = max(best, (value, Source.LOOKUP, k, accepted), key=lambda entry: entry[0])
     for cap in range(1, min(room, record.hits.shape[1]) + 1) if both else ():
         k = block_length(record.confidence[t], cap, knobs)
-        accepted = int(record.hits[t, :k].long().cumprod(0).sum())
+        accepted = drafts_kept(record, t, k)
         value = (1 + accepted) / (1 + costs.verify_cost(k, length) + costs.drafter_cost(length))
         best = max(best, (value, Source.DRAFTER, k, accepted), key=lambda entry: entry[0])
     return best[1:]
@@ -135,7 +141,7 @@ def replay(record: Record, setting: str, costs: RoundCosts, knobs: DraftingKnobs
                 accepted = kept(continuation[:k], record.ids[t + 1 :])
             elif source is Source.DRAFTER:
                 k = block_length(record.confidence[t], min(planner.draft_length, room), knobs)
-                accepted = int(record.hits[t, :k].long().cumprod(0).sum())
+                accepted = drafts_kept(record, t, k)
             else:
                 k = accepted = 0
             planner.record(source, k, accepted)

@@ -182,6 +182,13 @@ class Proposal:
 
 
 @torch.no_grad()
+def block_continues(confidence, block_probability, token_threshold: float, block_threshold: float):
+    """Whether a block goes on to a position `i > 1` (dynamic block length, `draft_tokens`): its `confidence` (the
+    largest probability of `q_i`) is at least `token_threshold`, and the product of the block's drawn probabilities so
+    far times it at least `block_threshold`. Tensors (one entry per request) or floats."""
+    return (confidence >= token_threshold) & (block_probability * confidence >= block_threshold)
+
+
 def draft_tokens(
     drafter: LongSparkDrafterModel, context: DraftContext, requests: DraftRequests, settings: DraftSettings
 ) -> Proposal:
@@ -222,6 +229,7 @@ def draft_tokens(
     num_drafted = torch.zeros_like(lengths)
     drafted_ids, drafted_logits = [], []
     block_probability = torch.ones(len(rows), device=device)  # the product of the block's draft probabilities so far
+    thresholds = settings.token_threshold, settings.block_threshold
     for i in range(int(max_tokens.max())):
         drafting &= i < max_tokens
         if not drafting.any():
@@ -235,8 +243,7 @@ def draft_tokens(
         # The confidence (q_i's largest probability) and its token, the greedy choice (the first of tied maxima).
         confidence, choice = probs.max(dim=-1)
         if i > 0:  # decided before drawing y_i (see the docstring): the cut must not depend on the token it drops
-            drafting &= confidence >= settings.token_threshold
-            drafting &= block_probability * confidence >= settings.block_threshold
+            drafting &= block_continues(confidence, block_probability, *thresholds)
         drawn_probability = confidence
         if settings.do_sample:
             choice = sample_from(probs)
@@ -359,6 +366,7 @@ __all__ = [
     "DraftRequests",
     "DraftSettings",
     "Proposal",
+    "block_continues",
     "draft_tokens",
     "plan_round",
     "propose_blocks",
