@@ -22,9 +22,10 @@ from transformers_longspark.benchmarks.common import machine_info, measure
 from transformers_longspark.benchmarks.prompts import short_prompts
 from transformers_longspark.benchmarks.settings import DRAFTER_ALONE
 from transformers_longspark.benchmarks.speed import drafter_settings
+from transformers_longspark.int8_weights import dynamic_int8_rows
 from transformers_longspark.loading import load_drafter, load_target
 from transformers_longspark.modeling_longspark import LongSparkDrafterModel
-from transformers_longspark.packed_linear import _dynamic_int8_rows, packed_drafter_weights
+from transformers_longspark.packed_linear import packed_drafter_weights
 
 # The probe's int8 products: `qlinear(x, key)` runs fbgemm's dynamic int8 product on the packed rows `_PACKED[key]`
 # (a registered operator, which dynamo keeps in the graph; a fake returns the output's shape).
@@ -40,7 +41,7 @@ def int8_products_as_operators(drafter: LongSparkDrafterModel) -> None:
     path runs them) as one `qlinear` call."""
     def register(layers) -> int:
         weight = torch.cat([layer.weight.detach().float() for layer in layers])
-        _PACKED[len(_PACKED)] = (_dynamic_int8_rows(weight), weight.shape[0])
+        _PACKED[len(_PACKED)] = (dynamic_int8_rows(weight), weight.shape[0])
         return len(_PACKED) - 1
 
     stacked = {}

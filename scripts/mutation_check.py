@@ -322,7 +322,7 @@ MUTATIONS = [
     Mutation("the schedule counts each process's advance as a step", "training/run.py",
              "step = advances // num_processes", "step = advances", DISTRIBUTED),
     # This session: int8 weights, greedy rounds without logits, the regeneration engines, tokens per step.
-    Mutation("int8 weights used without their row scales", "packed_linear.py",
+    Mutation("int8 weights used without their row scales", "int8_weights.py",
              "return quantized, scale.to(torch.bfloat16)", "return quantized, torch.ones_like(scale).bfloat16()",
              PACKED),
     Mutation("sampled rounds drop the logits their verifier divides by", "inference/drafting.py",
@@ -334,8 +334,8 @@ MUTATIONS = [
              "return verification + stats.drafter_rounds * costs.drafter_cost(prompt_length)", "return verification",
              TAU_BENCH),
     # Dynamic int8 drafter layers, fused projections, response archives, benchmark variants.
-    Mutation("dynamic int8 rows scaled 10x too fine (they saturate)", "packed_linear.py",
-             "scale = _row_scales(weight).double()", "scale = _row_scales(weight).double() / 10",
+    Mutation("dynamic int8 rows scaled 10x too fine (they saturate)", "int8_weights.py",
+             "scale = row_scales(weight).double()", "scale = row_scales(weight).double() / 10",
              PACKED),
     Mutation("one row runs the packed kernel (oneDNN's setup on every one-token step)", "packed_linear.py",
              "return compute in (None, input.dtype) and input.numel() <= blas_max_rows * input.shape[-1]",

@@ -23,7 +23,7 @@ two BLAS kernels do.
 A block may also run its layers in a lower precision (`dtype`): the packed copy is then made in that dtype, inputs are
 cast to it and outputs back. With `torch.bfloat16` on CPUs with native bf16 instructions; with `torch.int8` the copy
 is int8 with a scale per output row (weight-only quantization; bf16 inputs); with `torch.qint8`, the same int8 rows
-run by fbgemm's dynamic quantization (`quantized::linear_dynamic`: each input quantized on the fly, int8 products).
+run by fbgemm's dynamic quantization (each input quantized on the fly, int8 products; both formats: `int8_weights.py`).
 The drafter's few-row forwards are bound by reading its weights, so a quarter of fp32's bytes is most of the gain
 (`qint8` is the fastest on every CPU measured, AMX included: docs/results.md, the drafter round by part); `fast_dtype`
 picks it wherever torch has the kernel. The target's layers never run in a lower precision (its logits decide the
@@ -36,13 +36,14 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-import warnings
 import weakref
 from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .int8_weights import DYNAMIC_INT8, LINEAR_DYNAMIC, dynamic_int8_rows, int8_rows
 
 # Input rows (batch x tokens) up to which a layer uses its packed weight, unless a block names more (`max_rows`).
 MAX_PACKED_ROWS = 64
@@ -110,9 +111,9 @@ def _packed_weight(weights: _Weights, dtype: torch.dtype) -> object:
     weight = weights[0].detach() if len(weights) == 1 else torch.cat([w.detach() for w in weights])
     try:
         if dtype == torch.int8:  # the kernel reads inputs 16 wide: other widths give wrong results (torch 2.13)
-            packed = _int8_rows(weight.float()) if weight.shape[1] % 16 == 0 else None
+            packed = int8_rows(weight.float()) if weight.shape[1] % 16 == 0 else None
         elif dtype == torch.qint8:
-            packed = _dynamic_int8_rows(weight.float())
+            packed = dynamic_int8_rows(weight.float())
         else:
             packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype), None)
     except RuntimeError:  # e.g. bf16 without AVX-512 / AVX-NE-CONVERT
@@ -121,34 +122,6 @@ def _packed_weight(weights: _Weights, dtype: torch.dtype) -> object:
     refs = tuple(weakref.ref(w, lambda _, key=key: _forget(key)) for w in weights)
     _packed[key] = (refs, state, packed)
     return packed
-
-
-def _row_scales(weight: torch.Tensor) -> torch.Tensor:
-    """The scale of each output row in symmetric int8: `max |row| / 127` (1 for a zero row)."""
-    scale = weight.abs().amax(dim=1) / 127
-    return torch.where(scale > 0, scale, 1.0)
-
-
-def _int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-output-row symmetric int8: `weight ~ int8 * scale[:, None]` (`_row_scales`)."""
-    scale = _row_scales(weight)
-    quantized = torch.round(weight / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
-    return quantized, scale.to(torch.bfloat16)
-
-
-def _dynamic_int8_rows(weight: torch.Tensor) -> torch.ScriptObject | None:
-    """`weight` as fbgemm's prepacked int8 rows (symmetric, a scale per output row), or `None` without the kernel."""
-    if not _DYNAMIC_INT8:
-        return None
-    scale = _row_scales(weight).double()
-    with warnings.catch_warnings():  # torch deprecates quantized tensors in favour of torchao; 2.13 still runs them
-        warnings.simplefilter("ignore", UserWarning)
-        rows = torch.quantize_per_channel(weight, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
-        return torch.ops.quantized.linear_prepack(rows, None)
-
-
-_DYNAMIC_INT8 = hasattr(torch.ops.quantized, "linear_dynamic") and torch.backends.quantized.engine in ("x86", "fbgemm")
-_LINEAR_DYNAMIC = torch.ops.quantized.linear_dynamic.default if _DYNAMIC_INT8 else None
 
 
 def packed_copy(weight: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor | None:
@@ -166,7 +139,7 @@ def fast_dtype(dtype: torch.dtype) -> torch.dtype:
     Weights in bfloat16 (a drafter loaded without `dtype` keeps the dtype it was saved in) are quantized from their
     bf16 values too: on an AVX2-only CPU their emulated bf16 products made the shipped drafter's forward ~4x slower
     (37-39 ms against 9-13 ms in dynamic int8, 7 block rows, 1 thread)."""
-    if dtype in _PACKABLE_DTYPES and _DYNAMIC_INT8:
+    if dtype in _PACKABLE_DTYPES and DYNAMIC_INT8:
         return torch.qint8
     if dtype == torch.float32 and _ONEDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return torch.bfloat16
@@ -251,9 +224,9 @@ def _packed_product(
         return None
     if compute == torch.qint8:  # fp32 in and out, any leading dimensions
         if input.dtype != torch.float32:
-            out = _LINEAR_DYNAMIC(input.float(), packed, True).to(input.dtype)
+            out = LINEAR_DYNAMIC(input.float(), packed, True).to(input.dtype)
         else:
-            out = _LINEAR_DYNAMIC(input, packed, True)
+            out = LINEAR_DYNAMIC(input, packed, True)
         return out if bias is None else out + bias
     if compute == torch.int8:
         quantized, scale = packed
