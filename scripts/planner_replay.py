@@ -34,7 +34,8 @@ from transformers_longspark.inference.calibration import calibrated
 from transformers_longspark.inference.drafting import LOOKUP_MAX_NGRAM, block_continues
 from transformers_longspark.inference.knobs import DraftingKnobs
 from transformers_longspark.inference.lookup import SuffixIndex
-from transformers_longspark.inference.planning import RoundCosts, RoundPlanner, Source
+from transformers_longspark.inference.planning import RoundPlanner, Source
+from transformers_longspark.inference.round_costs import RoundCosts
 from transformers_longspark.loading import load_drafter, load_target
 from transformers_longspark.training.data import Sequence, load_sequences
 

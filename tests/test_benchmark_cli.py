@@ -14,7 +14,7 @@ from transformers_longspark.benchmarks import BatchedSettings, MemorySettings, m
 from transformers_longspark.benchmarks.batched import format_batched
 from transformers_longspark.benchmarks.cli import parse_variants
 from transformers_longspark.benchmarks.memory import format_memory
-from transformers_longspark.inference.planning import RoundCosts
+from transformers_longspark.inference.round_costs import RoundCosts
 from transformers_longspark.inference.stats import tau
 
 # --- command line -------------------------------------------------------------------------------------------------

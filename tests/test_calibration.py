@@ -25,7 +25,7 @@ from transformers_longspark import LongSparkDrafterModel
 from transformers_longspark.inference import calibration, verification
 from transformers_longspark.inference.calibration import calibrate, calibrated, calibration_key, calibration_path
 from transformers_longspark.inference.knobs import check_costs
-from transformers_longspark.inference.planning import RoundCosts
+from transformers_longspark.inference.round_costs import RoundCosts
 from transformers_longspark.inference.session import DraftSession
 
 COSTS = {"draft_round_cost": 0.3, "verify_round_cost": 0.05, "verify_token_cost": 0.2, "step_doubling_length": 500}

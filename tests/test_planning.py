@@ -1,4 +1,5 @@
-"""The source choice (`inference/planning.py`): untried sources first, then the cost model, with probes."""
+"""The source choice (`inference/planning.py`): untried sources first, then the cost model (`round_costs.py`), with
+probes."""
 
 import pytest
 import torch
@@ -7,12 +8,11 @@ from transformers_longspark.inference import planning
 from transformers_longspark.inference.planning import (
     FIRST_PROBE_INTERVAL,
     MAX_PROBE_INTERVAL,
-    RoundCosts,
     RoundPlanner,
     Source,
     SourceRecord,
-    expected_accepted,
 )
+from transformers_longspark.inference.round_costs import RoundCosts, expected_accepted
 
 CPU = RoundCosts(draft_round_cost=0.4, verify_token_cost=0.15)
 
@@ -319,7 +319,7 @@ def test_measured_forward_costs_replace_the_line():
     """Where a calibration measured forwards of 2-64 rows and a drafter round over 8 requests, a verification (at
     batch 1 too) and a batch are priced by those points (read between them, and beyond them on the last segment),
     not by the line of the cost fields."""
-    from transformers_longspark.inference.planning import interpolate
+    from transformers_longspark.inference.round_costs import interpolate
 
     line = RoundCosts(draft_round_cost=0.2, verify_round_cost=0.0, verify_token_cost=0.04)
     forwards = ((2, 1.0), (8, 1.2), (16, 1.5), (32, 2.0), (64, 3.1))

@@ -16,7 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..inference.calibration import calibrated
-from ..inference.planning import RoundCosts
+from ..inference.round_costs import RoundCosts
 from ..inference.stats import DraftingStats, tau
 from .common import machine_info
 from .report import finish, fmt, table, two_panels

@@ -66,7 +66,8 @@ from ..packed_linear import (
 )
 from .drafting import DraftRequests, DraftSettings
 from .knobs import DraftingKnobs, check_costs
-from .planning import RoundCosts, Source
+from .planning import Source
+from .round_costs import RoundCosts
 from .session import DraftSession
 from .verification import fast_verification, reserve_cache_rows
 

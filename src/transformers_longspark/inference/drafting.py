@@ -21,8 +21,9 @@ from ..modeling_longspark import LongSparkDrafterModel
 from ..transformers_private import eos_token_tensor
 from .knobs import DraftingKnobs, pinned_costs
 from .lookup import SuffixIndex, point_mass_logits
-from .planning import RoundCosts, RoundPlan, RoundPlanner, Source, batch_round_pays
+from .planning import RoundPlan, RoundPlanner, Source, batch_round_pays
 from .processors import DRAFT_VOCAB_PROCESSORS, process_logits
+from .round_costs import RoundCosts
 from .sampling import sample_from
 
 # The longest suffix the lookup source matches: longer matches are rarer and add little over this one.
@@ -46,7 +47,7 @@ class DraftSettings:
         lookup_first: a continuation worth more than a plain step is taken without weighing the drafter
             (`RoundPlanner.choose`); False: the two compete on their estimated tokens per step.
         use_drafter: the drafter's blocks are a source (False: the lookup source and plain steps only).
-        costs: the cost model of the source choice (`planning.py`), in plain decoding steps of the target (all 0:
+        costs: the cost model of the source choice (`round_costs.py`), in plain decoding steps of the target (all 0:
             every round proposes, as on a GPU): the drafter's `generation_config` fields, or a calibration of this
             machine and target (`calibration.py`).
         eos_token_ids: `(k,)` ids that end a block, or `None`.

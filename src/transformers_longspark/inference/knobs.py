@@ -10,9 +10,9 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from .planning import RoundCosts
+from .round_costs import RoundCosts
 
-# The cost model's fields, in plain decoding steps of the target (`planning.py`).
+# The cost model's fields, in plain decoding steps of the target (`round_costs.py`).
 COST_FIELDS = ("draft_round_cost", "verify_round_cost", "verify_token_cost", "step_doubling_length")
 
 
