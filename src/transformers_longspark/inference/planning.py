@@ -1,8 +1,7 @@
 """Which source proposes a request's next round: the lookup continuation, a drafted block, or nothing at all.
 
-Speculation pays only where a round yields more tokens than it costs: the cost model, in plain decoding steps of the
-target, is `RoundCosts` (`round_costs.py`). A source expected to yield `E` accepted drafts from `k` proposed ones
-gives `(1 + E) / (1 + cost)` tokens per step; plain decoding, a round that proposes nothing, gives 1.
+Speculation pays only where a round yields more tokens than it costs: each source is valued in tokens per target
+step by the cost model, `RoundCosts` (`round_costs.py`); a plain step, a round that proposes nothing, is worth 1.
 
 `RoundPlanner` keeps, per request and source, the running means of the drafts proposed and accepted per verified
 round and of the rounds that rejected one (`record`), and takes the source worth most (`choose`). Both sources' drafts
