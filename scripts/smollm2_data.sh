@@ -4,13 +4,13 @@
 # committed archives in regenerated/ (seconds each; a record that no archive holds is sampled by vLLM, resumably):
 #   data/smollm2          6 sampled answers per chat/maths/code prompt (scripts/regenerate_smollm2.sh)
 #   data/smollm2-greedy   one greedy answer per prompt, with the 120 held-out chats the teacher-forced tables read
-#   data/smollm2-code-greedy{,-2,-3,-4,-5}   greedy continuations of raw code cut at five sets of points (seeds 0-4;
+#   data/smollm2-code-greedy{,-2,...,-6}   greedy continuations of raw code cut at six sets of points (seeds 0-5;
 #                         the first holds out 40 continuations, the later ones leave those files out)
 # ~7 minutes on a 2-vCPU VM when every archive applies (vLLM's environment is installed first if missing, ~4 min).
 # An archive applies only to the prompt list it was sampled from (hashed): the code prompts are cut from the corpus's
 # Python files (PyPI packages at their latest release, this interpreter's stdlib), so after a new release of one of
 # them a code set is sampled again (~45 min with vLLM).
-# Usage: bash scripts/smollm2_data.sh    (then e.g. `longspark train --config configs/experiments/stage13-code5.yaml`)
+# Usage: bash scripts/smollm2_data.sh    (then e.g. `longspark train --config configs/experiments/stage14-code6.yaml`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv-vllm/bin/python ] || bash scripts/install_vllm.sh
@@ -25,7 +25,7 @@ regenerate_code() {  # PROMPTS HELD_OUT OUTPUT
 [ -f data/code-prompts.jsonl ] ||
   python scripts/code_continuation_prompts.py --corpus data/corpora/code/train --output data/code-prompts.jsonl
 regenerate_code data/code-prompts.jsonl 40 smollm2-code-greedy
-for seed in 1 2 3 4; do
+for seed in 1 2 3 4 5; do
   prompts=data/code-prompts-$((seed + 1)).jsonl
   [ -f "$prompts" ] || python scripts/code_continuation_prompts.py --corpus data/corpora/code/train --seed "$seed" \
     --exclude-records data/smollm2-code-greedy/held_out --output "$prompts"
