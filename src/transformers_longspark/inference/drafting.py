@@ -182,7 +182,6 @@ class Proposal:
         return torch.tensor(flags, dtype=torch.bool, device=self.num_drafted.device)
 
 
-@torch.no_grad()
 def block_continues(confidence, block_probability, token_threshold: float, block_threshold: float):
     """Whether a block goes on to a position `i > 1` (dynamic block length, `draft_tokens`): its `confidence` (the
     largest probability of `q_i`) is at least `token_threshold`, and the product of the block's drawn probabilities so
@@ -190,6 +189,7 @@ def block_continues(confidence, block_probability, token_threshold: float, block
     return (confidence >= token_threshold) & (block_probability * confidence >= block_threshold)
 
 
+@torch.no_grad()
 def draft_tokens(
     drafter: LongSparkDrafterModel, context: DraftContext, requests: DraftRequests, settings: DraftSettings
 ) -> Proposal:
