@@ -15,13 +15,14 @@ configs=(configs/smollm2-135m-cpu.yaml configs/smollm2-135m-cpu-continue.yaml co
          configs/experiments/recipe7-codegreedy.yaml configs/experiments/stage8-codegreedy.yaml
          configs/experiments/stage9-codegreedy.yaml configs/experiments/stage10-code2.yaml
          configs/experiments/stage11-code3.yaml configs/experiments/stage12-code4.yaml
-         configs/experiments/stage13-code5.yaml)
+         configs/experiments/stage13-code5.yaml configs/experiments/stage14-code6.yaml)
 logs=(results/smollm2-training-log.jsonl results/smollm2-training-log-stage2.jsonl
       results/smollm2-training-log-stage3.jsonl results/smollm2-training-log-stage5.jsonl
       results/smollm2-training-log-stage6.jsonl results/recipe7-codegreedy-log.jsonl
       results/smollm2-training-log-stage8.jsonl results/smollm2-training-log-stage9.jsonl
       results/smollm2-training-log-stage10.jsonl results/smollm2-training-log-stage11.jsonl
-      results/smollm2-training-log-stage12.jsonl results/smollm2-training-log-stage13.jsonl)
+      results/smollm2-training-log-stage12.jsonl results/smollm2-training-log-stage13.jsonl
+      results/smollm2-training-log-stage14.jsonl)
 python - "$drafter" "$card" <<'PY'
 import sys, torch
 from transformers_longspark import LongSparkDrafterModel
